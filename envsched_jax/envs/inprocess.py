@@ -1,0 +1,119 @@
+"""In-process episode execution with EnvScaler's semantics, for TRUSTED environments only.
+
+This runs environment and verifier code in the calling interpreter, so it is only for
+project-authored environments (the embedded pool, the generator) and for tests. Code that comes
+from a task pool file is untrusted and must run in a sandbox.
+
+Semantics (EnvScaler's own runner, see ``shared/design/pools.md``):
+
+- set-up: instantiate the class with ``init_config`` (fall back to no argument when the
+  constructor takes none), then set every ``init_config`` key as an attribute;
+- state: the instance's attributes without dunders, deep-copied;
+- an action ``{"name", "arguments"}`` naming a public method of the class or ``chat_with_user`` is
+  valid; anything else returns an "invalid action" observation without ending the episode;
+- a tool that raises ends the episode with reward 0;
+- ``chat_with_user`` ends the episode (non-conversational mode);
+- reward = mean over the checklist of ``check_func(final_state)`` with a global ``initial_state``
+  injected, rounded to 4 decimals; a check that raises counts 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from envsched_jax.pool.model import Action, Environment, Task
+
+CHAT_WITH_USER = "chat_with_user"
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeResult:
+    reward: float
+    check_results: tuple[bool, ...]
+    check_errors: tuple[str | None, ...]
+    observations: tuple[Any, ...]
+    final_state: Mapping[str, Any]
+    end_reason: str  # "chat_with_user" | "actions_exhausted" | "tool_error"
+    error: str | None = None
+
+
+def load_class(env: Environment) -> type:
+    """The environment's class: the trusted class if given, else ``class_source`` exec'd in a
+    fresh module (trusted code only: see the module docstring)."""
+    if env.trusted_class is not None:
+        return env.trusted_class
+    module = types.ModuleType(f"envsched_env_{env.env_id}")
+    exec(compile(env.class_source, f"<environment {env.env_id}>", "exec"), module.__dict__)
+    try:
+        return module.__dict__[env.class_name]
+    except KeyError:
+        raise ValueError(f"environment {env.env_id!r}: class_source defines no class "
+                         f"{env.class_name!r}") from None
+
+
+def instantiate(cls: type, init_config: Mapping[str, Any]) -> Any:
+    config = copy.deepcopy(dict(init_config))
+    try:
+        instance = cls(config)
+    except TypeError:
+        instance = cls()
+    for key, value in config.items():
+        setattr(instance, key, copy.deepcopy(value))
+    return instance
+
+
+def snapshot_state(instance: Any) -> dict[str, Any]:
+    return {k: copy.deepcopy(v) for k, v in vars(instance).items() if not k.startswith("__")}
+
+
+def is_valid_tool(instance: Any, name: str) -> bool:
+    if name == CHAT_WITH_USER:
+        return True
+    return not name.startswith("_") and callable(getattr(instance, name, None))
+
+
+def run_checks(task: Task, final_state: Mapping[str, Any],
+               initial_state: Mapping[str, Any]) -> tuple[float, tuple[bool, ...], tuple[str | None, ...]]:
+    """Score ``final_state`` against the task's checklist: (reward, per-check pass, per-check error)."""
+    results: list[bool] = []
+    errors: list[str | None] = []
+    for k, check in enumerate(task.checks):
+        namespace: dict[str, Any] = {"initial_state": copy.deepcopy(dict(initial_state))}
+        try:
+            exec(compile(check.code, f"<check {task.task_id}[{k}]>", "exec"), namespace)
+            ok = bool(namespace["check_func"](copy.deepcopy(dict(final_state))))
+            results.append(ok)
+            errors.append(None)
+        except Exception as err:  # a failing check counts 0, by EnvScaler's rule
+            results.append(False)
+            errors.append(f"{type(err).__name__}: {err}")
+    reward = round(sum(results) / len(results), 4) if results else 0.0
+    return reward, tuple(results), tuple(errors)
+
+
+def run_episode(env: Environment, task: Task, actions: Sequence[Action]) -> EpisodeResult:
+    """Execute a fixed action sequence and score it."""
+    instance = instantiate(load_class(env), task.initial_state)
+    initial_state = snapshot_state(instance)
+    observations: list[Any] = []
+    end_reason = "actions_exhausted"
+    for action in actions:
+        if action.name == CHAT_WITH_USER:
+            end_reason = CHAT_WITH_USER
+            break
+        if not is_valid_tool(instance, action.name):
+            observations.append({"success": False, "error": f"invalid action: {action.name!r}"})
+            continue
+        try:
+            observations.append(getattr(instance, action.name)(**copy.deepcopy(dict(action.arguments))))
+        except Exception as err:
+            msg = f"tool {action.name!r} raised {type(err).__name__}: {err}"
+            return EpisodeResult(0.0, tuple(False for _ in task.checks), tuple(msg for _ in task.checks),
+                                 tuple(observations), snapshot_state(instance), "tool_error", msg)
+    final = snapshot_state(instance)
+    reward, results, errors = run_checks(task, final, initial_state)
+    return EpisodeResult(reward, results, errors, tuple(observations), final, end_reason)
