@@ -29,9 +29,8 @@ from envsched_jax.pool.model import (
     Operation,
     Pool,
     PoolError,
-    PoolValidationErrors,
     Task,
-    pool_problems,
+    assemble_pool,
 )
 
 _ENV_REQUIRED = {"kind": str, "env_id": str, "class_name": str, "summary": str, "tools": list,
@@ -141,11 +140,12 @@ def task_from_json(obj: Mapping[str, Any], *, source: str = "<record>", line: in
         raise _rewrap(err, where) from None
 
 
-def read_pool(path: str | os.PathLike, *, name: str | None = None) -> Pool:
+def read_pool(path: str | os.PathLike, *, name: str | None = None, drop_invalid: bool = False) -> Pool:
     """Read and validate a canonical JSON-lines pool file.
 
     Raises :class:`PoolValidationErrors` listing every malformed record and every cross-record
-    problem (duplicate ids, unknown environment ids, empty checklists).
+    problem (duplicate ids, unknown environment ids, empty checklists). With
+    ``drop_invalid=True`` those records are left out and listed in ``Pool.dropped`` instead.
     """
     path = Path(path)
     source = str(path)
@@ -179,10 +179,8 @@ def read_pool(path: str | os.PathLike, *, name: str | None = None) -> Pool:
                                               source=source, line=line_no, field="kind"))
             except PoolError as err:
                 problems.append(err)
-    problems.extend(pool_problems(envs, tasks, env_locations=env_loc, task_locations=task_loc))
-    if problems:
-        raise PoolValidationErrors(problems)
-    return Pool(name=name or path.stem, environments=tuple(envs), tasks=tuple(tasks))
+    return assemble_pool(name or path.stem, envs, tasks, env_locations=env_loc,
+                         task_locations=task_loc, problems=problems, drop_invalid=drop_invalid)
 
 
 def write_pool(pool: Pool, path: str | os.PathLike) -> Path:

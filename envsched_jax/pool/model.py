@@ -304,6 +304,9 @@ class Pool:
     name: str
     environments: tuple[Environment, ...]
     tasks: tuple[Task, ...]
+    # Problems found while loading that were dropped on request (``drop_invalid=True``); each
+    # names its file, line and field. Not part of the content hash.
+    dropped: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "environments", tuple(self.environments))
@@ -391,3 +394,34 @@ def pool_problems(environments: Sequence[Environment], tasks: Sequence[Task], *,
             problems.append(PoolError(f"task {task.task_id!r} has an empty checklist",
                                       source=src, line=line, field="checks"))
     return problems
+
+
+def assemble_pool(name: str, environments: Sequence[Environment], tasks: Sequence[Task], *,
+                  env_locations: Sequence[Location], task_locations: Sequence[Location],
+                  problems: Sequence[PoolError] = (), drop_invalid: bool = False) -> Pool:
+    """Build a :class:`Pool` from parsed records plus the problems found while parsing them.
+
+    With ``drop_invalid=False`` (the default) any problem raises :class:`PoolValidationErrors`
+    listing all of them. With ``drop_invalid=True`` the offending records are left out (the first
+    record of a duplicated id is kept) and every problem is kept in ``Pool.dropped``: a real pool
+    with a few broken tasks stays usable, and nothing disappears without a trace.
+    """
+    all_problems = list(problems) + pool_problems(
+        environments, tasks, env_locations=env_locations, task_locations=task_locations)
+    if all_problems and not drop_invalid:
+        raise PoolValidationErrors(all_problems)
+    keep_envs, seen_env = [], set()
+    for env in environments:
+        if env.env_id not in seen_env:
+            seen_env.add(env.env_id)
+            keep_envs.append(env)
+    keep_tasks, seen_task = [], set()
+    for task in tasks:
+        if task.task_id in seen_task or task.env_id not in seen_env or not task.checks:
+            continue
+        seen_task.add(task.task_id)
+        keep_tasks.append(task)
+    used = {t.env_id for t in keep_tasks}
+    keep_envs = [e for e in keep_envs if e.env_id in used] if keep_tasks else keep_envs
+    return Pool(name=name, environments=tuple(keep_envs), tasks=tuple(keep_tasks),
+                dropped=tuple(str(p) for p in all_problems))

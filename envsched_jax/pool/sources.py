@@ -1,0 +1,64 @@
+"""Pool specifications: one string names any pool the project can load.
+
+=========================================  ================================================
+spec                                        pool
+=========================================  ================================================
+``embedded``                                the embedded default pool (8+ environments)
+``generated:51x50`` / ``generated:51x50:7``  seeded synthetic pool, 51 environments x 50 tasks
+``generated:100000`` / ``generated:2550:3``  seeded synthetic pool of that many tasks
+``bfcl`` / ``bfcl:base,miss_func``          BFCL-v3 multi-turn (all four categories by default)
+``envscaler:ENV_FILE:TASK_FILE``            EnvScaler RL-format files you downloaded
+``PATH.jsonl``                              a pool in the canonical JSON-lines form
+=========================================  ================================================
+
+EnvScaler and JSON-lines pools accept ``drop_invalid`` (leave out broken records, list them in
+``Pool.dropped``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from envsched_jax.pool.model import Pool, PoolError
+
+SPEC_HELP = ("embedded | generated:ENVSxTASKS[:SEED] | generated:N[:SEED] | bfcl[:CATEGORIES] | "
+             "envscaler:ENV_FILE:TASK_FILE | PATH.jsonl")
+
+
+def load_pool(spec: str, *, drop_invalid: bool = False) -> Pool:
+    """Load the pool named by ``spec`` (see the module docstring)."""
+    if spec == "embedded":
+        from envsched_jax.pool.embedded import load_embedded_pool
+
+        return load_embedded_pool()
+    if spec.startswith("generated:"):
+        from envsched_jax.pool.generator import generate_pool, generate_pool_of_size
+
+        m = re.fullmatch(r"generated:(\d+)x(\d+)(?::(\d+))?", spec)
+        if m:
+            return generate_pool(int(m[1]), int(m[2]), seed=int(m[3] or 0))
+        m = re.fullmatch(r"generated:(\d+)(?::(\d+))?", spec)
+        if m:
+            return generate_pool_of_size(int(m[1]), seed=int(m[2] or 0))
+        raise PoolError(f"cannot parse pool spec {spec!r}; expected generated:ENVSxTASKS[:SEED] "
+                        "or generated:N[:SEED]")
+    if spec == "bfcl" or spec.startswith("bfcl:"):
+        from envsched_jax.pool.bfcl import load_bfcl_pool
+
+        if spec == "bfcl":
+            return load_bfcl_pool()
+        return load_bfcl_pool(categories=tuple(c for c in spec[5:].split(",") if c))
+    if spec.startswith("envscaler:"):
+        from envsched_jax.pool.envscaler import load_envscaler_pool
+
+        parts = spec.split(":", 2)
+        if len(parts) != 3 or not all(parts[1:]):
+            raise PoolError(f"cannot parse pool spec {spec!r}; expected envscaler:ENV_FILE:TASK_FILE")
+        return load_envscaler_pool(parts[1], parts[2], drop_invalid=drop_invalid)
+    path = Path(spec)
+    if path.suffix == ".jsonl" or path.is_file():
+        from envsched_jax.pool.jsonl import read_pool
+
+        return read_pool(path, drop_invalid=drop_invalid)
+    raise PoolError(f"unknown pool spec {spec!r}; expected one of: {SPEC_HELP}")
