@@ -80,10 +80,13 @@ def pool_inspect(args: PoolInspect, console: Console) -> int:
     console.print(f"{pool.num_environments} environments, {pool.num_tasks} tasks, "
                   f"{len(all_tools)} tools, {sum(checks)} verifier checks "
                   f"({min(checks)}-{max(checks)} per task), {with_ref} tasks with reference actions")
-    table = Table("environment", "class", "tasks", "tools", "summary")
+    table = Table()
+    table.add_column("environment", overflow="fold", min_width=24)
+    table.add_column("tasks", justify="right", min_width=5)
+    table.add_column("tools", justify="right", min_width=5)
+    table.add_column("summary", no_wrap=True, overflow="ellipsis", max_width=40)
     for env in pool.environments[: args.max_rows]:
-        table.add_row(env.env_id, env.class_name, str(tasks_per_env[env.env_id]), str(len(env.tools)),
-                      (env.summary[:70] + "...") if len(env.summary) > 70 else env.summary)
+        table.add_row(env.env_id, str(tasks_per_env[env.env_id]), str(len(env.tools)), env.summary)
     console.print(table)
     if pool.num_environments > args.max_rows:
         console.print(f"... and {pool.num_environments - args.max_rows} more environments")

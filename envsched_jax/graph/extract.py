@@ -245,10 +245,10 @@ def analyse_environment(env: Environment) -> dict[str, ToolInfo]:
         family = _family_from_name(name)
         if name in declared:
             changing = declared[name] == "state_change"
-        elif name in methods:
-            changing = bool(writes)
         else:
-            changing = family not in _QUERY_FAMILIES
+            # Writes to self prove a change; a method with none (for instance a generated method
+            # that delegates to another object, as BFCL's composite does) is judged by its verb.
+            changing = bool(writes) or family not in _QUERY_FAMILIES | {"other", "authorize"}
         if changing and family in _QUERY_FAMILIES | {"other"}:
             family = "update"
         if not changing and family not in _QUERY_FAMILIES | {"authorize"}:

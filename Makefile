@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-slow test-all bench clean
+
+# The venv is (re)built when pyproject.toml changes. bfcl-eval is installed with --no-deps: its
+# declared dependencies pin an old numpy and many LLM clients that conflict with JAX, while its
+# data and API classes need only mpmath (see shared/design/pools.md).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2025.7.17 mpmath
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python experiments/demo.py
+
+# Fast tier: everything not marked slow, on both cores.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+
+# Slow tier: large pools, long simulations.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)
+
+test-all: test test-slow
+
+bench: $(STAMP)
+	$(BIN)/python experiments/bench_graph.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -1,0 +1,5 @@
+"""Project-authored environment classes of the embedded pool, one class per module.
+
+Each module is self-contained (standard library only) so that its source text can be stored in a
+pool file as ``class_source`` and executed on its own.
+"""

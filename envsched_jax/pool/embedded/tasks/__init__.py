@@ -1,0 +1,1 @@
+"""Per-environment metadata and deterministic task builders of the embedded pool."""
