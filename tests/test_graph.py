@@ -213,3 +213,34 @@ def test_sparse_only_mode_for_large_pools(small_pool):
 def test_config_validation(bad):
     with pytest.raises(ValueError):
         GraphConfig(**bad)
+
+
+def test_same_seed_gives_identical_generated_pool_and_graph():
+    from envsched_jax.pool.generator import generate_pool
+
+    pool_a, pool_b = generate_pool(4, 6, seed=11), generate_pool(4, 6, seed=11)
+    assert pool_a.content_hash() == pool_b.content_hash()
+    a, b = build_graph(pool_a), build_graph(pool_b)
+    np.testing.assert_array_equal(a.s_full, b.s_full)
+    np.testing.assert_array_equal(a.s_abs, b.s_abs)
+    np.testing.assert_array_equal(a.cross_idx, b.cross_idx)
+    other = build_graph(generate_pool(4, 6, seed=12))
+    assert not np.array_equal(a.s_full, other.s_full)
+
+
+def test_embedded_pool_graph_carries_information_on_both_edge_types():
+    """Within an environment the concrete views separate tasks; across environments the abstract
+    view finds the same task shape in another domain more often than chance."""
+    from envsched_jax.pool.embedded import load_embedded_pool
+
+    pool = load_embedded_pool()
+    graph = build_graph(pool)
+    shapes = np.array([t.metadata["shape"] for t in pool.tasks])
+    env = graph.env_index
+    same_env = env[:, None] == env[None, :]
+    off = ~np.eye(graph.num_nodes, dtype=bool)
+    assert graph.s_full[same_env & off].mean() > 2 * graph.s_full[~same_env].mean()
+    top_cross = graph.cross_idx[:, 0]
+    hit_rate = float(np.mean(shapes[top_cross] == shapes))
+    chance = float(np.mean([np.mean(shapes[env != env[i]] == shapes[i]) for i in range(graph.num_nodes)]))
+    assert hit_rate > 2 * chance, (hit_rate, chance)

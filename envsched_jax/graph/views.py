@@ -7,27 +7,27 @@ Each view is a string per node; :mod:`envsched_jax.graph.build` fits one TF-IDF 
 3. ``check_text``         - the verifier checks' natural-language text
 4. ``check_code``         - verifier code *structure*: AST node types, comparison operators,
                             called builtins, the field names read and literal type placeholders
-5. ``initial_context``    - the initial state flattened to key paths and scalar values
+5. ``initial_context``    - the initial state's keys and values (its JSON text)
 6. ``operations``         - the complete (concrete) operation description of the extractor
 
 plus ``abstract``: the appendix-E abstraction of view 6 (cross-environment similarity).
 
-Very large initial states (BFCL's long-context file systems) are truncated to
-``MAX_CONTEXT_TOKENS`` tokens so one task cannot dominate memory; the choice is ours, the paper
-summarises the initial state with an LLM.
+Very large initial states (BFCL's long-context file systems) are cut at ``MAX_CONTEXT_CHARS``
+characters so one task cannot dominate memory; the choice is ours, the paper summarises the
+initial state with an LLM.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
 from typing import Any
 
 from envsched_jax.graph.extract import Extraction, analyse_check
 
 VIEW_NAMES = ("instruction_words", "instruction_chars", "check_text", "check_code",
               "initial_context", "operations")
-MAX_CONTEXT_TOKENS = 2000
+MAX_CONTEXT_CHARS = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,22 +45,10 @@ class NodeViews:
                 self.initial_context, self.operations)
 
 
-def flatten_state(state: Any, limit: int = MAX_CONTEXT_TOKENS) -> str:
-    """Key paths and scalar values of a JSON state, depth first, at most ``limit`` tokens."""
-    tokens: list[str] = []
-    stack: list[tuple[str, Any]] = [("", state)]
-    while stack and len(tokens) < limit:
-        prefix, value = stack.pop()
-        if isinstance(value, Mapping):
-            for key in reversed(list(value.keys())):
-                stack.append((f"{prefix}.{key}" if prefix else str(key), value[key]))
-        elif isinstance(value, (list, tuple)):
-            for item in reversed(value[:50]):
-                stack.append((prefix, item))
-        else:
-            tokens.append(prefix)
-            tokens.append(str(value)[:64])
-    return " ".join(tokens[:limit])
+def flatten_state(state: Any, limit: int = MAX_CONTEXT_CHARS) -> str:
+    """The initial state as compact JSON text (keys and values), cut at ``limit`` characters.
+    The view's word tokenizer ignores the JSON punctuation."""
+    return json.dumps(state, ensure_ascii=False, separators=(",", ":"), default=str)[:limit]
 
 
 def code_structure(code: str) -> str:

@@ -56,12 +56,17 @@ class PoolValidationErrors(PoolError):
 
 
 def _frozen_json(value: Any, field: str) -> Any:
-    """Deep copy of a JSON-like value, checking it is JSON-serialisable."""
+    """A fresh copy of a JSON value in exactly the form it has on disk.
+
+    Encoding and decoding both checks that the value is JSON and copies it (faster than
+    ``copy.deepcopy``); it also normalises what JSON cannot keep (tuples become lists, non-string
+    keys become strings), so a record equals itself after a round trip through the JSON-lines form.
+    """
     try:
-        json.dumps(value, sort_keys=True, default=_json_default_error)
+        text = json.dumps(value, default=_json_default_error, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise PoolError(f"value is not JSON-serialisable ({err})", field=field) from None
-    return copy.deepcopy(value)
+    return json.loads(text)
 
 
 def _json_default_error(obj: Any) -> Any:
