@@ -244,3 +244,41 @@ def test_embedded_pool_graph_carries_information_on_both_edge_types():
     hit_rate = float(np.mean(shapes[top_cross] == shapes))
     chance = float(np.mean([np.mean(shapes[env != env[i]] == shapes[i]) for i in range(graph.num_nodes)]))
     assert hit_rate > 2 * chance, (hit_rate, chance)
+
+
+@pytest.mark.slow
+def test_dense_matrices_at_twenty_thousand_nodes():
+    from envsched_jax.pool.generator import generate_pool
+
+    pool = generate_pool(400, 50, seed=0)
+    graph = build_graph(pool)
+    assert graph.s_full.shape == (20_000, 20_000) and graph.s_full.dtype == np.float32
+    rng = np.random.default_rng(0)
+    i, j = rng.integers(0, 20_000, size=(2, 2000))
+    np.testing.assert_allclose(graph.s_full[i, j], graph.s_full[j, i], atol=1e-6)
+    np.testing.assert_array_equal(np.diag(graph.s_abs), 1.0)
+    # The candidate lists are the top of the dense rows.
+    for r in i[:50]:
+        w = graph.within_idx[r][graph.within_idx[r] >= 0]
+        np.testing.assert_allclose(graph.within_sim[r, : len(w)], graph.s_full[r, w], atol=1e-6)
+
+
+def test_grouped_and_blocked_cross_candidates_agree():
+    from envsched_jax.graph.build import _cross_candidates_blocked, _cross_candidates_grouped
+    from envsched_jax.pool.generator import generate_pool
+
+    graph = build_graph(generate_pool(12, 10, seed=3), GraphConfig(dense="never"))
+    abstract = graph.features["abstract"]
+    uniq, inverse = np.unique(abstract.toarray(), axis=0, return_inverse=True)
+    assert len(uniq) < graph.num_nodes  # shared abstract descriptions: the grouped path applies
+    g_idx, g_val = _cross_candidates_grouped(uniq, inverse.reshape(-1), graph.env_index, 16, False)
+    b_idx, b_val = _cross_candidates_blocked(abstract, graph.env_index, 16, 37, False)
+    # Both are top lists of the same similarities: equal values; the indices may differ only
+    # where two candidates' similarities agree to within the 1e-6 rounding (last-bit BLAS noise
+    # can put a value on either side of a rounding boundary).
+    np.testing.assert_allclose(g_val, b_val, atol=2e-6)
+    differ = g_idx != b_idx
+    assert differ.mean() < 0.01
+    s_abs = (abstract @ abstract.T).toarray()
+    rows = np.nonzero(differ)[0]
+    np.testing.assert_allclose(s_abs[rows, g_idx[differ]], s_abs[rows, b_idx[differ]], atol=2e-6)

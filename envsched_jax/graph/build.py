@@ -240,12 +240,51 @@ def within_candidates(Z: sp.csr_matrix, env_index: np.ndarray, m: int,
 
 def cross_candidates(abstract: sp.csr_matrix, env_index: np.ndarray, m: int, block_size: int,
                      progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Top-m other-environment neighbours of every node by S_abs, in row blocks of
-    ``block_size`` (memory ~ ``block_size x N`` floats).
+    """Top-m other-environment neighbours of every node by S_abs (ties -> lower index).
 
-    The abstract vocabulary is small (enum values and placeholders), so the features are
-    densified when that costs at most 1 GiB and each block is one BLAS product; the ranking runs
-    in one jitted kernel (the last block is padded so it compiles once)."""
+    The abstraction maps many tasks to the same description, so when the abstract rows have few
+    distinct values (at most ``max(n // 8, 1)``) the ranking is computed once per distinct row
+    (:func:`_cross_candidates_grouped`, exact and O(U N log N)); otherwise in row blocks of
+    ``block_size`` (:func:`_cross_candidates_blocked`, O(N^2), memory ~ ``block_size x N``)."""
+    n = abstract.shape[0]
+    if abstract.shape[1] * n * 4 <= 2**30:
+        dense = abstract.toarray()
+        uniq, inverse = np.unique(dense, axis=0, return_inverse=True)
+        if len(uniq) <= max(n // 8, 1):
+            return _cross_candidates_grouped(uniq, inverse.reshape(-1), env_index, m, progress)
+    return _cross_candidates_blocked(abstract, env_index, m, block_size, progress)
+
+
+def _cross_candidates_grouped(uniq: np.ndarray, inverse: np.ndarray, env_index: np.ndarray, m: int,
+                              progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-m lists when nodes share abstract rows: for each distinct row a, all nodes are
+    ordered once by (similarity to a desc, index asc); a node of group a takes the first m entries
+    of that order outside its own environment. Only the first m + (largest environment) entries
+    can be needed, so only those are kept."""
+    n = len(inverse)
+    sim_u = _finish_block((uniq @ uniq.T).astype(np.float32))
+    np.fill_diagonal(sim_u, 1.0)
+    width = min(n, m + int(np.bincount(env_index).max()))
+    idx = np.full((n, m), -1, np.int32)
+    val = np.zeros((n, m), np.float32)
+    ids = np.arange(n)
+    for a in _progress(range(len(uniq)), "cross-environment candidates", len(uniq), progress):
+        members = np.flatnonzero(inverse == a)
+        sims = sim_u[a, inverse]
+        prefix = np.lexsort((ids, -sims))[:width]
+        other = env_index[prefix][None, :] != env_index[members][:, None]          # [n_a, width]
+        rank = np.cumsum(other, axis=1) - 1
+        take = other & (rank < m)
+        rows, cols = np.nonzero(take)
+        idx[members[rows], rank[rows, cols]] = prefix[cols]
+        val[members[rows], rank[rows, cols]] = sims[prefix[cols]]
+    return idx, val
+
+
+def _cross_candidates_blocked(abstract: sp.csr_matrix, env_index: np.ndarray, m: int, block_size: int,
+                              progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Top-m other-environment neighbours in row blocks: one BLAS (or sparse) product per block and
+    a jitted ranking kernel (the last block is padded so it compiles once)."""
     n = abstract.shape[0]
     idx = np.empty((n, m), np.int32)
     val = np.empty((n, m), np.float32)
