@@ -1,0 +1,128 @@
+"""Schedulers: EnvSched (the paper's) and baselines, behind one API and registry.
+
+# EnvSched as implemented here: every equation and every choice the paper leaves open
+
+Source: shared/design/envsched-spec.md (paper sections 2.2-2.4, appendices B-D). Where the paper
+is silent the choice below is ours (marked CHOICE). Both the JAX implementation
+(`envsched_jax/sched/`) and the plain NumPy reference (`tests/reference_envsched.py`) follow
+exactly this text.
+
+Notation: N nodes (tasks), E environments, env(i) its environment index, B batch size, K rollouts
+per node. S_full, S_abs: dense N x N float similarity matrices in [0, 1] with unit diagonal
+(from the static graph). Steps t = 0, 1, 2, ...: `select(t)` picks a batch, `observe(t, ids,
+rewards[B, K])` records it. Steps are strictly sequential: select(t) -> observe(t) -> select(t+1).
+
+## Observations
+For a node observed at step s with rewards r_1..r_K (each in [0, 1]):
+m = mean r; v = population variance (1/K) sum (r - m)^2; d = clip(v / max(m (1 - m), 0.01), 0, 1).
+Step mean b[y, s] (y in {v, m, d}) = mean of y over the nodes observed at step s.
+
+CHOICE (bounded history): each node keeps only its `history_capacity` = 48 most recent
+observations; only observations and step means from the last `step_capacity` = 128 steps are used
+(steps s with t - 128 <= s < t). A node can be selected in at most 2 of every 3 steps (Ctask = 2),
+so its 48th most recent observation is at least 71 steps old: weight <= 2^-8.9 at h = 8.
+
+## Half-life weighting and centering (per half-life h in {h_long = 8, h_short = 2})
+w(h)[t, s] = 2^(-(t - s)/h).
+Global reference bhat[y, t] = sum_s w b[y, s] / sum_s w over the steps s in the window that have
+observations. (select(t) for t >= 1 always has at least the observed step t-1.)
+Centered observation ytilde[i, s] = clip(y[i, s] - b[y, s] + bhat[y, t], I_y), I_v = [0, 0.25],
+I_m = I_d = [0, 1].
+Node history: W[i] = sum over i's usable observations of w(h)[t, s];
+ybar[i] = sum w ytilde / W if W > 0 else bhat[y, t].
+
+## Neighbours (independent of h)
+"Observed" node = has at least one observation at a step < t (ever, even if since evicted).
+N_in(i): up to K_within = 6 observed nodes j != i with env(j) == env(i), with the largest
+S_full[i, j]; N_cross(i): up to K_cross = 12 observed nodes with env(j) != env(i), with the largest
+S_abs[i, j]. CHOICE: ties broken by lower index j.
+delta_q[i, j] = clip(1 - S_q[i, j], 0, 1).
+sigma_q[i] = max(median over j in N_q(i) of delta_q[i, j], 0.05) (CHOICE: numpy median, i.e. the
+mean of the two middle values for an even count); no neighbours -> no sigma needed.
+
+## Relation estimates, fusion, posterior (per h, per y)
+a_q[i, j] = exp(-0.5 (delta_q[i, j] / sigma_q[i])^2) * clip(W(h)[j], 0.1, 3)
+G_q[y, i] = (sum_{j in N_q(i)} a_q[i, j] ybar[j] + lambda_g bhat[y]) / (sum_j a_q[i, j] + lambda_g),
+lambda_g = 2; no neighbour -> bhat[y].
+P[y, i] = 0.5 G_in + 0.5 G_cross.
+yhat[i] = (W[i] ybar[i] + lambda_s P[y, i]) / (W[i] + lambda_s), lambda_s = 2.
+
+## Calibration and score (per h, then combined)
+pr(z)_i = (rankavg(z)_i - 0.5) / N, rankavg = scipy.stats.rankdata(z, "average") (1-based, ties
+averaged), over all N nodes.
+Q_vhat(p) = numpy.quantile(vhat, p) (linear interpolation, position p (N - 1) in the sorted
+values).
+f[i] = dhat[i] mhat[i] (1 - mhat[i]).
+u(h)[i] = Q_vhat(h)( 0.65 pr(vhat(h))_i + 0.35 pr(f(h))_i ).
+u[i] = u(h_long)[i] - eta max(u(h_long)[i] - u(h_short)[i], 0), eta = 0.5.
+q[i] = pr(u)_i.
+
+## Progress filter (exploitation eligibility) -- the paper gives no formula: all CHOICE
+Transitions: consecutive pairs (s1 < s2) of a node's usable observations (both steps < t).
+Features x = (m1, m1^2, v1, s1, n1) with n1 = the node's number of observations up to and including
+s1 (counted over its usable observations, oldest first); target y = m2.
+Fit (only on those transitions): standardise each feature column (mean, population std; std 0 ->
+1); center the target (ybar = mean y); ridge regression of y - ybar on [x_std, onehot(env)] with
+penalty lambda_ridge = 1.0 on every coefficient (no intercept beyond the centering).
+Residual of a transition: r = y - (ybar + x_std beta + gamma[env]).
+Node residual: n_i = number of its transitions, rbar_i = their mean residual (0 if none).
+Environment reference R_env(e) = mean residual over all transitions of nodes of e (0 if none).
+Neighbour reference R_nb(i) = mean of rbar_j over j in N_in(i) union N_cross(i) with n_j > 0 (0 if
+none; the neighbour sets of this step).
+Shrinkage as in eq. 4: est_i = (n_i rbar_i + lambda_s (0.5 R_env(env i) + 0.5 R_nb(i))) / (n_i + lambda_s).
+A node with n_i >= 3 and est_i <= 0 is excluded from exploitation (stays eligible for coverage).
+With fewer than 2 transitions in the whole pool no node is excluded.
+
+## Batch construction (select at step t >= 1)
+B_cov = floor(rho B), B_exp = B - B_cov, rho = 0.5; coverage picks first, then exploitation, into
+one shared batch.
+Eligible for any pick: not in the batch yet; not in `excluded` (the identifier filter's set);
+(a) count of env(i) in the current batch < C1 = 4;
+(b) selections of env(i) in steps t-1 and t-2 plus its count in the current batch < C3 = 11;
+(c) run_i < Ctask = 2, where run_i = number of consecutive steps immediately before t in which i
+was selected (run = 0 if i was not selected at t-1).
+Penalty pen(i) = lambda_sim max_{j in batch} S_full[i, j], 0 for an empty batch; lambda_sim = 0.08.
+Coverage pick: among eligible nodes keep those with the smallest key1 = count of env(i) in the
+current batch; among those the smallest key2 = cumulative selections of env(i) over steps < t;
+among those the smallest key3 = number of observations of i (all ever). Pick argmax q - pen;
+ties -> lower index.
+Exploitation pick: among eligible nodes not excluded by the progress filter, pick argmax
+q * omega - pen, omega = (1 + c_i / c0)^(-1/2), c_i = cumulative selections of i over steps < t,
+c0 = 16; ties -> lower index.
+CHOICE (infeasible picks): policy "error" (default) raises an error naming the step, the phase and
+the picks made, and the state is unchanged; policy "relax" re-tries the pick dropping, in order, the
+progress filter (exploitation only), then cap (c), then (b), then (a), and records each relaxation
+in the step's metrics.
+
+## Cold start (step 0, static structure only)
+Representative of env e: argmax over i in e of mean_{j in e, j != i} S_full[i, j] (a single-task
+environment: its task); ties -> lower index.
+Combined novelty of i given the batch: 0.5 (1 - max_{j in batch} S_full[i, j])
++ 0.5 (1 - max_{j in batch, env(j) = env(i)} S_full[i, j]), each max taken as 0 when empty.
+If E <= B: the batch starts with all representatives (in environment order); else representatives
+are added greedily by argmax combined novelty (ties -> lower index) until B.
+Remaining slots: greedy argmax combined novelty over nodes not in the batch whose environment has
+fewer than 2 nodes in the batch (ties -> lower index). If fewer than B can be placed: the
+infeasible-pick policy applies ("relax" lifts the two-per-environment cap).
+
+## State after observe(t)
+selection count c_i += 1 for each picked node; env cumulative selections += count; run_i = run_i + 1
+for picked nodes, 0 for the others; the step's per-env counts are kept for cap (b); observations are
+appended to the logs; step means appended.
+"""
+
+from envsched_jax.sched.base import (  # noqa: E402
+    Scheduler,
+    SchedulerInputError,
+    SchedulingError,
+    StepMetrics,
+    make_scheduler,
+    register_scheduler,
+    registered_schedulers,
+)
+from envsched_jax.sched.config import EnvSchedConfig  # noqa: E402
+from envsched_jax.sched.envsched import EnvSched  # noqa: E402
+from envsched_jax.sched.random import RandomScheduler  # noqa: E402
+
+__all__ = ["EnvSched", "EnvSchedConfig", "RandomScheduler", "Scheduler", "SchedulerInputError",
+           "SchedulingError", "StepMetrics", "make_scheduler", "register_scheduler", "registered_schedulers"]

@@ -1,0 +1,231 @@
+"""The scheduler API shared by every scheduler, its registry and input validation.
+
+A scheduler is built from a :class:`~envsched_jax.graph.build.PoolGraph` and a typed config, and
+runs strictly step by step::
+
+    ids = sched.select(t)                 # B distinct task ids
+    sched.observe(t, ids, rewards)        # rewards: [B, K] in [0, 1], rows in the order of ids
+    sched.select(t + 1) ...
+
+``state_dict()`` / ``load_state_dict()`` give a snapshot of everything the scheduler remembers
+(numpy arrays plus a small JSON-able header); :mod:`envsched_jax.sched.checkpoint` writes it with
+orbax. ``metrics()`` lists one :class:`StepMetrics` per selected step.
+
+Bad input (NaN / infinite / out-of-range rewards, the wrong K, unknown or repeated ids, a step that
+was never selected) raises :class:`SchedulerInputError` naming the problem, and the state is left
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from envsched_jax.graph.build import PoolGraph
+
+
+class SchedulerInputError(ValueError):
+    """A call to a scheduler had invalid arguments; nothing was changed."""
+
+
+class SchedulingError(RuntimeError):
+    """The eligibility rules leave too few nodes to fill the batch; nothing was changed."""
+
+
+@dataclasses.dataclass
+class StepMetrics:
+    """What happened at one step."""
+
+    step: int
+    task_ids: list[str]
+    phases: list[str]                       # per pick: "cold", "coverage", "exploitation", "random"
+    predicted_variance: list[float] | None  # per pick, the scheduler's vhat (None if it has none)
+    environments: int                       # distinct environments in the batch
+    tools: int | None                       # distinct (environment, tool) pairs, when known
+    realised_variance: list[float] | None = None   # per pick, once observed
+    mean_reward: list[float] | None = None         # per pick, once observed
+    relaxations: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        def mean(x):
+            return None if x is None else float(np.mean(x))
+
+        return {"step": self.step, "environments": self.environments, "tools": self.tools,
+                "predicted_variance": mean(self.predicted_variance),
+                "realised_variance": mean(self.realised_variance), "mean_reward": mean(self.mean_reward),
+                "coverage": self.phases.count("coverage"), "exploitation": self.phases.count("exploitation"),
+                "relaxations": len(self.relaxations)}
+
+
+class Scheduler(abc.ABC):
+    """Base class: step bookkeeping, id mapping and input validation; subclasses implement
+    ``_select`` and ``_observe`` on node indices."""
+
+    name: str = "scheduler"
+
+    def __init__(self, graph: PoolGraph, batch_size: int, group_size: int,
+                 tools_per_env: Sequence[Sequence[str]] | None = None):
+        self.graph = graph
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.num_nodes = graph.num_nodes
+        if batch_size > self.num_nodes:
+            raise ValueError(f"batch_size {batch_size} exceeds the pool's {self.num_nodes} tasks")
+        self._index = {tid: k for k, tid in enumerate(graph.task_ids)}
+        self._env_index = np.asarray(graph.env_index)
+        self._tools_per_env = None if tools_per_env is None else [tuple(t) for t in tools_per_env]
+        self._next_step = 0
+        self._pending: tuple[int, np.ndarray, list[str]] | None = None  # (step, nodes, phases)
+        self._metrics: list[StepMetrics] = []
+
+    # -- public API ------------------------------------------------------------------------
+
+    def select(self, step: int) -> list[str]:
+        """Choose the batch of ``step`` (which must be the next step)."""
+        if self._pending is not None:
+            raise SchedulerInputError(f"select({step}) while step {self._pending[0]} awaits observe(); "
+                                      "observe it first")
+        if step != self._next_step:
+            raise SchedulerInputError(f"select({step}): the next step is {self._next_step}")
+        nodes, phases, predicted, relaxations = self._select(step)
+        nodes = np.asarray(nodes, np.int64)
+        if len(nodes) != self.batch_size or len(set(nodes.tolist())) != self.batch_size:
+            raise AssertionError(f"{self.name} produced an invalid batch {nodes.tolist()}")
+        self._pending = (step, nodes, list(phases))
+        ids = [self.graph.task_ids[i] for i in nodes]
+        envs = self._env_index[nodes]
+        tools = None
+        if self._tools_per_env is not None:
+            tools = len({(e, tool) for e in set(envs.tolist()) for tool in self._tools_per_env[e]})
+        self._metrics.append(StepMetrics(step, ids, list(phases), predicted, len(set(envs.tolist())),
+                                         tools, relaxations=list(relaxations)))
+        return ids
+
+    def observe(self, step: int, task_ids: Sequence[str], rewards) -> None:
+        """Record the rewards [B, K] of the tasks selected at ``step``."""
+        nodes, rewards = self._validate_observation(step, task_ids, rewards)
+        self._observe(step, nodes, rewards)
+        m = rewards.mean(axis=1)
+        metric = self._metrics[-1]
+        order = {int(n): k for k, n in enumerate(nodes)}
+        pending_nodes = self._pending[1]
+        metric.realised_variance = [float(((rewards[order[int(n)]] - m[order[int(n)]]) ** 2).mean())
+                                    for n in pending_nodes]
+        metric.mean_reward = [float(m[order[int(n)]]) for n in pending_nodes]
+        self._pending = None
+        self._next_step = step + 1
+
+    def metrics(self) -> list[StepMetrics]:
+        return list(self._metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly where this scheduler stands."""
+        if self._pending is not None:
+            raise SchedulerInputError(f"step {self._pending[0]} awaits observe(); save after observing it")
+        return {"header": {"name": self.name, "next_step": self._next_step, "num_nodes": self.num_nodes,
+                           "task_ids_hash": _ids_hash(self.graph.task_ids)},
+                "arrays": self._state_arrays()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        header = state["header"]
+        if header["name"] != self.name:
+            raise SchedulerInputError(f"state is for scheduler {header['name']!r}, not {self.name!r}")
+        if header["num_nodes"] != self.num_nodes or header["task_ids_hash"] != _ids_hash(self.graph.task_ids):
+            raise SchedulerInputError("state was saved for a different pool (task ids differ)")
+        self._load_state_arrays(state["arrays"])
+        self._next_step = int(header["next_step"])
+        self._pending = None
+
+    # -- for subclasses --------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _select(self, step: int) -> tuple[np.ndarray, list[str], list[float] | None, list[str]]:
+        """(nodes, phases, predicted variance per pick or None, relaxations)."""
+
+    @abc.abstractmethod
+    def _observe(self, step: int, nodes: np.ndarray, rewards: np.ndarray) -> None:
+        """Rows of ``rewards`` belong to ``nodes`` (validated; same set as the pending batch)."""
+
+    @abc.abstractmethod
+    def _state_arrays(self) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None: ...
+
+    # -- validation ------------------------------------------------------------------------
+
+    def _validate_observation(self, step: int, task_ids: Sequence[str], rewards) -> tuple[np.ndarray, np.ndarray]:
+        if self._pending is None or self._pending[0] != step:
+            pending = "no step" if self._pending is None else f"step {self._pending[0]}"
+            raise SchedulerInputError(f"observe({step}): step {step} was not selected or was already "
+                                      f"observed ({pending} awaits observation)")
+        ids = list(task_ids)
+        unknown = [t for t in ids if t not in self._index]
+        if unknown:
+            raise SchedulerInputError(f"observe({step}): unknown task id(s) {unknown[:5]}")
+        repeated = sorted({t for t in ids if ids.count(t) > 1})
+        if repeated:
+            raise SchedulerInputError(f"observe({step}): repeated task id(s) {repeated[:5]}")
+        nodes = np.array([self._index[t] for t in ids], np.int64)
+        expected = set(self._pending[1].tolist())
+        if set(nodes.tolist()) != expected:
+            missing = [self.graph.task_ids[i] for i in sorted(expected - set(nodes.tolist()))]
+            extra = [self.graph.task_ids[i] for i in sorted(set(nodes.tolist()) - expected)]
+            raise SchedulerInputError(f"observe({step}): task ids differ from the batch selected at step "
+                                      f"{step}: missing {missing[:5]}, not selected {extra[:5]}")
+        try:
+            rewards = np.asarray(rewards, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise SchedulerInputError(f"observe({step}): rewards are not numeric ({err})") from None
+        if rewards.shape != (len(ids), self.group_size):
+            raise SchedulerInputError(f"observe({step}): rewards must have shape [B={len(ids)}, "
+                                      f"K={self.group_size}], got {list(rewards.shape)}")
+        bad = ~np.isfinite(rewards)
+        if bad.any():
+            r, k = np.argwhere(bad)[0]
+            raise SchedulerInputError(f"observe({step}): reward of {ids[r]!r} rollout {k} is {rewards[r, k]}")
+        out = (rewards < 0) | (rewards > 1)
+        if out.any():
+            r, k = np.argwhere(out)[0]
+            raise SchedulerInputError(f"observe({step}): reward of {ids[r]!r} rollout {k} is "
+                                      f"{rewards[r, k]}, outside [0, 1]")
+        return nodes, rewards
+
+
+def _ids_hash(task_ids: Sequence[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(task_ids).encode()).hexdigest()[:16]
+
+
+SchedulerFactory = Callable[..., Scheduler]
+_REGISTRY: dict[str, SchedulerFactory] = {}
+
+
+def register_scheduler(name: str) -> Callable[[SchedulerFactory], SchedulerFactory]:
+    """Class decorator: make a scheduler constructible by name with :func:`make_scheduler`."""
+
+    def deco(cls: SchedulerFactory) -> SchedulerFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"scheduler {name!r} is already registered")
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def registered_schedulers() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def make_scheduler(name: str, graph: PoolGraph, **kwargs) -> Scheduler:
+    """Build the scheduler registered as ``name``; ``kwargs`` go to its constructor."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown scheduler {name!r}; registered: {', '.join(registered_schedulers())}") from None
+    return factory(graph, **kwargs)

@@ -1,0 +1,81 @@
+"""EnvSched configuration: every hyper-parameter of the paper's appendix D, with its default."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSchedConfig:
+    """Typed EnvSched settings (tyro turns the field docstrings into ``--help``)."""
+
+    batch_size: int = 64
+    """B: environment-task pairs per step."""
+    group_size: int = 8
+    """K: rollouts per selected pair (rewards arrive as [B, K])."""
+    rho: float = 0.5
+    """Coverage fraction: B_cov = floor(rho B) coverage picks, the rest exploitation."""
+    k_within: int = 6
+    """K_within: within-environment neighbours (by S_full)."""
+    k_cross: int = 12
+    """K_cross: cross-environment neighbours (by S_abs)."""
+    lambda_g: float = 2.0
+    """Shrinkage of each relation estimate toward the global reference (eq. 3)."""
+    lambda_s: float = 2.0
+    """Shrinkage of the node history toward the graph prior (eq. 4)."""
+    h_long: float = 8.0
+    """Long half-life in steps."""
+    h_short: float = 2.0
+    """Short half-life in steps."""
+    eta: float = 0.5
+    """Recent-decline coefficient."""
+    c0: float = 16.0
+    """Exposure-count scale of omega = (1 + c / c0)^(-1/2)."""
+    lambda_sim: float = 0.08
+    """Batch similarity penalty (eq. 5)."""
+    cap_step: int = 4
+    """C1: most pairs of one environment in one batch."""
+    cap_window: int = 11
+    """C3: most selections of one environment over the current and two previous steps."""
+    cap_consecutive: int = 2
+    """Ctask: a pair is not picked in more than this many consecutive steps."""
+    history_capacity: int = 48
+    """Observations kept per node (older ones weigh <= 2^-8.9 at h_long = 8; see sched docs)."""
+    step_capacity: int = 128
+    """Steps of history used for step references (older steps weigh <= 2^-16 at h_long = 8)."""
+    ridge_lambda: float = 1.0
+    """Ridge penalty of the progress filter (the paper gives none; our choice)."""
+    progress_min_transitions: int = 3
+    """Scorable transitions a node needs before the progress filter may exclude it."""
+    infeasible: Literal["error", "relax"] = "error"
+    """When caps leave no eligible node: raise ('error') or relax filters/caps in a fixed,
+    logged order ('relax')."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Floating-point type of the estimation kernels (float64 needs jax_enable_x64)."""
+
+    def __post_init__(self):
+        positive = ("batch_size", "group_size", "history_capacity", "step_capacity", "cap_step",
+                    "cap_window", "cap_consecutive")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"EnvSchedConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("k_within", "k_cross", "progress_min_transitions"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EnvSchedConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"EnvSchedConfig.rho must lie in [0, 1], got {self.rho}")
+        for name in ("lambda_g", "lambda_s", "h_long", "h_short", "c0"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EnvSchedConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("eta", "lambda_sim", "ridge_lambda"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EnvSchedConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.infeasible not in ("error", "relax"):
+            raise ValueError(f"EnvSchedConfig.infeasible must be 'error' or 'relax', got {self.infeasible!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"EnvSchedConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}")
+
+    @property
+    def num_coverage(self) -> int:
+        return int(self.rho * self.batch_size)

@@ -1,0 +1,191 @@
+"""The EnvSched scheduler object: jitted kernels from :mod:`.kernels` behind the shared API."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envsched_jax.graph.build import PoolGraph
+from envsched_jax.sched import kernels as K
+from envsched_jax.sched.base import Scheduler, SchedulerInputError, SchedulingError, register_scheduler
+from envsched_jax.sched.config import EnvSchedConfig
+
+
+TRACES = {"score_and_select": 0, "observe": 0}  # trace counters (a test checks nothing recompiles)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_envs"))
+def _score_and_select(state, s_full, env_index, *, config, num_envs):
+    """One compiled program per (config, shapes): score pass, progress filter, greedy batch."""
+    TRACES["score_and_select"] += 1
+    scores = K.score_pass(state, config)
+    progress = K.progress_filter(state, env_index, num_envs, config)
+    selection = K.select_batch(state, scores.q, progress.excluded, s_full, env_index, config)
+    return scores, progress, selection
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, *, config):
+    TRACES["observe"] += 1
+    return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config)
+
+
+def cold_start(s_full: np.ndarray, env_index: np.ndarray, batch_size: int, excluded: np.ndarray,
+               relax: bool, cap_step: int) -> tuple[np.ndarray, list[str]]:
+    """Step-0 batch from static structure only (see the package docstring): one representative
+    per environment (highest mean within-environment S_full), then combined global and
+    within-environment novelty, at most two per environment."""
+    n = len(env_index)
+    allowed = ~excluded
+    envs = [e for e in np.unique(env_index) if (allowed & (env_index == e)).any()]
+    reps = []
+    for e in envs:
+        # The mean runs over every member (excluded ones too); the argmax over allowed members.
+        members = np.flatnonzero(env_index == e)
+        if len(members) == 1:
+            reps.append(int(members[0]))
+            continue
+        block = s_full[np.ix_(members, members)].astype(np.float64)
+        mean_other = (block.sum(axis=1) - np.diag(block)) / (len(members) - 1)
+        reps.append(int(members[int(np.argmax(np.where(allowed[members], mean_other, -np.inf)))]))
+    batch: list[int] = []
+    glob = np.zeros(n)     # max similarity to the batch
+    within = np.zeros(n)   # max similarity to same-environment batch members
+    count = np.zeros(int(env_index.max()) + 1, np.int64)
+
+    def add(i: int) -> None:
+        batch.append(i)
+        row = s_full[i].astype(np.float64)
+        np.maximum(glob, row, out=glob)
+        np.maximum(within, np.where(env_index == env_index[i], row, 0.0), out=within)
+        count[env_index[i]] += 1
+
+    def novelty() -> np.ndarray:
+        return 0.5 * (1.0 - glob) + 0.5 * (1.0 - within)
+
+    if len(reps) <= batch_size:
+        for i in reps:
+            add(i)
+    else:
+        reps_arr = np.array(reps)
+        while len(batch) < batch_size:
+            taken = np.isin(reps_arr, batch)
+            score = np.where(taken, -np.inf, novelty()[reps_arr])
+            add(int(reps_arr[int(np.argmax(score))]))
+    relaxations = []
+    while len(batch) < batch_size:
+        free = allowed.copy()
+        free[batch] = False
+        # "relax" first lifts the two-per-environment cap to C1, then drops C1 as well.
+        levels = [(free & (count[env_index] < 2), []),
+                  (free & (count[env_index] < cap_step), ["cold_two_per_env"]),
+                  (free, ["cold_two_per_env", "cap_step"])]
+        eligible, relaxed = next(((m, r) for m, r in levels if m.any()), (None, None))
+        if eligible is None or (relaxed and not relax):
+            raise SchedulingError(
+                f"cold start: only {len(batch)} of {batch_size} slots can be filled with at most two "
+                f"tasks per environment ({len(envs)} environments); use a smaller batch_size or "
+                "infeasible='relax'")
+        relaxations.extend(relaxed)
+        add(int(np.argmax(np.where(eligible, novelty(), -np.inf))))
+    return np.array(batch, np.int64), relaxations
+
+
+@register_scheduler("envsched")
+class EnvSched(Scheduler):
+    """EnvSched (the paper's scheduler). Needs the graph's dense ``s_full`` and ``s_abs``.
+
+    Args:
+        graph: the pool's static graph.
+        config: hyper-parameters (paper defaults); keyword ``overrides`` replace single fields,
+            e.g. ``EnvSched(graph, batch_size=16)``.
+        seed: seeds the state's PRNG key (EnvSched's selection itself is deterministic).
+        tools_per_env: tool names of each environment (``graph.env_ids`` order), for the metrics.
+        excluded: task ids removed from both phases (the identifier filter's output).
+    """
+
+    name = "envsched"
+
+    def __init__(self, graph: PoolGraph, config: EnvSchedConfig | None = None, *, seed: int = 0,
+                 tools_per_env: Sequence[Sequence[str]] | None = None, excluded: Iterable[str] = (),
+                 **overrides):
+        config = dataclasses.replace(config or EnvSchedConfig(), **overrides)
+        super().__init__(graph, config.batch_size, config.group_size, tools_per_env)
+        if graph.s_full is None or graph.s_abs is None:
+            raise ValueError("EnvSched needs the dense S_full and S_abs; build the graph with "
+                             "GraphConfig(dense='always') (or 'auto' below dense_max_nodes)")
+        if config.dtype == "float64" and not jax.config.jax_enable_x64:
+            raise ValueError("dtype='float64' needs jax.config.update('jax_enable_x64', True) first")
+        self.config = config
+        dtype = jnp.dtype(config.dtype)
+        # S_full lives on the device (selection penalty, within-environment neighbours); S_abs is
+        # only ever read B rows at a time, so it stays where the graph keeps it (memory or mmap).
+        self._s_full_host = graph.s_full
+        self._s_full = jnp.asarray(graph.s_full, dtype)
+        self._s_abs = graph.s_abs
+        self._env = jnp.asarray(graph.env_index, jnp.int32)
+        self._num_envs = len(graph.env_ids)
+        unknown = [t for t in excluded if t not in self._index]
+        if unknown:
+            raise SchedulerInputError(f"excluded: unknown task id(s) {unknown[:5]}")
+        mask = np.zeros(self.num_nodes, bool)
+        mask[[self._index[t] for t in excluded]] = True
+        self.state = K.init_state(self.num_nodes, self._num_envs, config, jax.random.PRNGKey(seed))
+        self.state = self.state.replace(excluded=jnp.asarray(mask))
+        self._step_fn = functools.partial(_score_and_select, config=config, num_envs=self._num_envs)
+        self._observe_fn = functools.partial(_observe_update, config=config)
+        self.last_scores: K.Scores | None = None
+        self.last_progress: K.Progress | None = None
+
+    def _select(self, step):
+        if step == 0:
+            nodes, relax = cold_start(np.asarray(self._s_full_host), np.asarray(self.graph.env_index),
+                                      self.batch_size, np.asarray(self.state.excluded),
+                                      self.config.infeasible == "relax", self.config.cap_step)
+            return nodes, ["cold"] * len(nodes), None, relax
+        scores, progress, sel = self._step_fn(self.state, self._s_full, self._env)
+        feasible = np.asarray(sel.feasible)
+        if not feasible.all():
+            k = int(np.argmin(feasible))
+            phase = "coverage" if k < self.config.num_coverage else "exploitation"
+            raise SchedulingError(
+                f"step {step}: no eligible task for pick {k + 1} of {self.batch_size} ({phase} phase) under "
+                f"the caps C1={self.config.cap_step}, C3={self.config.cap_window}, "
+                f"Ctask={self.config.cap_consecutive}"
+                + ("" if self.config.infeasible == "relax" else "; set infeasible='relax' to relax them"))
+        self.last_scores, self.last_progress = scores, progress
+        nodes = np.asarray(sel.batch)
+        phases = ["coverage" if p == 1 else "exploitation" for p in np.asarray(sel.phase)]
+        relaxed = [f"pick {k + 1}: {K.RELAXATIONS[lvl]}" for k, lvl in enumerate(np.asarray(sel.relaxed)) if lvl]
+        predicted = np.asarray(scores.long.yhat[:, K.V])[nodes].astype(float).tolist()
+        return nodes, phases, predicted, relaxed
+
+    def _observe(self, step, nodes, rewards):
+        s_abs_rows = jnp.asarray(np.asarray(self._s_abs[np.sort(nodes)]))
+        order = np.argsort(nodes, kind="stable")
+        sorted_nodes = nodes[order]
+        dtype = jnp.dtype(self.config.dtype)
+        self.state = self._observe_fn(
+            self.state, jnp.asarray(sorted_nodes, jnp.int32), jnp.asarray(rewards[order], dtype),
+            self._s_full[jnp.asarray(sorted_nodes)], s_abs_rows, self._env)
+
+    def _state_arrays(self):
+        return {f.name: np.asarray(getattr(self.state, f.name)) for f in dataclasses.fields(self.state)}
+
+    def _load_state_arrays(self, arrays):
+        fields = {f.name for f in dataclasses.fields(self.state)}
+        if set(arrays) != fields:
+            raise SchedulerInputError(f"state arrays {sorted(set(arrays) ^ fields)} do not match EnvSched's")
+        new = {}
+        for name in fields:
+            current = getattr(self.state, name)
+            value = np.asarray(arrays[name])
+            if value.shape != current.shape:
+                raise SchedulerInputError(f"state array {name!r} has shape {value.shape}, expected {current.shape}")
+            new[name] = jnp.asarray(value, current.dtype)
+        self.state = self.state.replace(**new)

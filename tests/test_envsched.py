@@ -1,0 +1,217 @@
+"""EnvSched's JAX kernels against hand-computed values and the plain NumPy reference.
+
+Comparisons run in float64 (``EnvSchedConfig(dtype="float64")``) so that equal quantities tie
+exactly in both implementations; a separate test shows float32 (the default) gives the same
+batches on a random run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envsched_jax.sched import EnvSched, EnvSchedConfig, SchedulingError
+from envsched_jax.sched import envsched as envsched_module
+from envsched_jax.sched import kernels as K
+
+from reference_envsched import RefConfig, ReferenceEnvSched
+from sched_helpers import graph_from_matrices, random_graph, reward_groups
+from test_reference_envsched import assert_four_node_details, run_four_node
+
+jax.config.update("jax_enable_x64", True)
+
+F64 = EnvSchedConfig(dtype="float64")
+
+
+def _ref_config(cfg: EnvSchedConfig) -> RefConfig:
+    return RefConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(RefConfig)})
+
+
+class JaxDetails:
+    """Adapter exposing the JAX scheduler with the reference's observe/details interface."""
+
+    def __init__(self, s_full, s_abs, env_index, config=F64):
+        # The batch size only matters to select(); observe() here takes any number of nodes.
+        config = dataclasses.replace(config, batch_size=min(config.batch_size, len(env_index)))
+        self.sched = EnvSched(graph_from_matrices(s_full, s_abs, env_index), config)
+
+    def observe(self, t, nodes, rewards):
+        nodes = np.asarray(nodes)
+        order = np.argsort(nodes)
+        s = self.sched
+        s.state = envsched_module._observe_update(
+            s.state, jnp.asarray(nodes[order], jnp.int32), jnp.asarray(rewards[order], jnp.float64),
+            s._s_full[jnp.asarray(nodes[order])], jnp.asarray(np.asarray(s._s_abs)[nodes[order]]), s._env,
+            config=s.config)
+
+    def details(self, t):
+        s = self.sched
+        assert int(s.state.step) == t
+        scores, progress, _ = envsched_module._score_and_select(s.state, s._s_full, s._env, config=s.config,
+                                                                num_envs=s._num_envs)
+        return jax_details(scores, progress, s.state, s.config)
+
+
+def jax_details(scores, progress, state, config) -> dict:
+    out = {"nbr_in": np.asarray(state.nbr_in), "nbr_cross": np.asarray(state.nbr_cross),
+           "sigma_in": np.asarray(scores.sigma_in), "sigma_cross": np.asarray(scores.sigma_cross),
+           "u": np.asarray(scores.u), "q": np.asarray(scores.q), "progress_n": np.asarray(progress.n),
+           "progress_est": np.asarray(progress.est), "progress_excluded": np.asarray(progress.excluded)}
+    for key in ("bhat", "W", "ybar", "G_in", "G_cross", "P", "yhat", "f"):
+        out[key] = {config.h_long: np.asarray(getattr(scores.long, key)),
+                    config.h_short: np.asarray(getattr(scores.short, key))}
+    out["u_h"] = {config.h_long: np.asarray(scores.long.u), config.h_short: np.asarray(scores.short.u)}
+    return out
+
+
+def test_four_node_example_matches_hand_computation():
+    assert_four_node_details(run_four_node(lambda s_full, s_abs, env: JaxDetails(s_full, s_abs, env)))
+
+
+def test_group_statistics_by_hand():
+    rewards = jnp.array([[1.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    # m = .5, v = .25, d = .25 / .25 = 1; m = .5, v = 0, d = 0; m = 0, v = 0, d = 0 / max(0, .01) = 0
+    np.testing.assert_allclose(K.group_stats(rewards), [[0.25, 0.5, 1.0], [0, 0.5, 0], [0, 0, 0]], atol=1e-12)
+
+
+def test_percentile_rank_and_quantile_by_hand():
+    z = jnp.array([0.3, 0.1, 0.3, 0.9])
+    # ranks 2.5 (tied 2nd/3rd), 1, 2.5, 4 -> (r - .5) / 4
+    np.testing.assert_allclose(K.percentile_rank(z), [0.5, 0.125, 0.5, 0.875])
+    # sorted .1 .3 .3 .9; p = .5 -> position 1.5 -> .3; p = .9 -> position 2.7 -> .3 + .7 * .6 = .72
+    np.testing.assert_allclose(K.quantile_map(z, jnp.array([0.5, 0.9, 0.0, 1.0])), [0.3, 0.72, 0.1, 0.9], atol=1e-12)
+
+
+def test_greedy_selection_by_hand():
+    """The reference test's hand-worked 6-node case (see test_reference_envsched.py)."""
+    env = np.array([0, 0, 0, 1, 1, 1])
+    s_full = np.array([[1.0, 0.3, 0.9, 0.2, 0.3, 0.1], [0.3, 1.0, 0.2, 0.1, 0.9, 0.2],
+                       [0.9, 0.2, 1.0, 0.1, 0.1, 0.3], [0.2, 0.1, 0.1, 1.0, 0.2, 0.4],
+                       [0.3, 0.9, 0.1, 0.2, 1.0, 0.3], [0.1, 0.2, 0.3, 0.4, 0.3, 1.0]])
+    q = jnp.array([0.95, 0.60, 0.55, 0.90, 0.85, 0.50])
+    for lambda_sim, expected in ((0.08, [4, 2, 3, 0]), (0.0, [4, 1, 0, 3])):
+        impl = JaxDetails(s_full, s_full, env, dataclasses.replace(F64, batch_size=4, lambda_sim=lambda_sim))
+        impl.observe(0, [0, 3], np.full((2, 4), 0.5))
+        s = impl.sched
+        sel = K.select_batch(s.state, q, jnp.zeros(6, bool), s._s_full, s._env, s.config)
+        assert np.asarray(sel.batch).tolist() == expected
+        assert np.asarray(sel.phase).tolist() == [1, 1, 2, 2]
+
+
+def _run_both(graph, config, steps, seed, excluded=()):
+    """Run JAX EnvSched and the reference side by side; compare every step."""
+    sched = EnvSched(graph, config, excluded=[graph.task_ids[i] for i in excluded])
+    ref = ReferenceEnvSched(np.asarray(graph.s_full, np.float64), np.asarray(graph.s_abs, np.float64),
+                            graph.env_index, _ref_config(config), excluded=excluded)
+    rng = np.random.default_rng(seed)
+    for t in range(steps):
+        if t > 0:
+            got, want = jax_details(*envsched_module._score_and_select(
+                sched.state, sched._s_full, sched._env, config=config, num_envs=sched._num_envs)[:2],
+                sched.state, config), ref.details(t)
+            for key in ("u", "q", "sigma_in", "sigma_cross", "progress_est"):
+                np.testing.assert_allclose(got[key], want[key], atol=1e-9, err_msg=f"step {t} {key}")
+            for key in ("nbr_in", "nbr_cross", "progress_n", "progress_excluded"):
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"step {t} {key}")
+            for key in ("W", "yhat", "f", "u_h"):
+                for h in (config.h_long, config.h_short):
+                    np.testing.assert_allclose(got[key][h], want[key][h], atol=1e-9, err_msg=f"step {t} {key}")
+        ids = sched.select(t)
+        nodes, phases = ref.select(t)
+        assert [sched._index[i] for i in ids] == nodes, f"step {t}"
+        assert sched.metrics()[-1].phases == phases
+        rewards = reward_groups(rng, config.batch_size, config.group_size)
+        sched.observe(t, ids, rewards)
+        ref.observe(t, nodes, rewards)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), rho=st.sampled_from([0.0, 0.5, 1.0]),
+       history=st.sampled_from([3, 48]), steps=st.integers(3, 9))
+def test_agrees_with_numpy_reference(seed, rho, history, steps):
+    graph = random_graph(np.random.default_rng(seed), num_envs=5, per_env=8)
+    config = dataclasses.replace(F64, batch_size=8, group_size=4, rho=rho, history_capacity=history,
+                                 step_capacity=6, cap_window=5)
+    _run_both(graph, config, steps, seed)
+
+
+def test_agrees_with_reference_with_exclusions_and_relaxation():
+    graph = random_graph(np.random.default_rng(7), num_envs=4, per_env=6)
+    config = dataclasses.replace(F64, batch_size=10, group_size=4, cap_step=3, cap_window=6,
+                                 infeasible="relax")
+    _run_both(graph, config, 8, seed=7, excluded=(0, 5, 13))
+
+
+def test_jitted_and_not_give_the_same_batches():
+    graph = random_graph(np.random.default_rng(3), num_envs=4, per_env=6, dtype=np.float32)
+    config = EnvSchedConfig(batch_size=6, group_size=4)
+
+    def run():
+        sched = EnvSched(graph, config)
+        rng = np.random.default_rng(0)
+        out = []
+        for t in range(4):
+            ids = sched.select(t)
+            out.append(ids)
+            sched.observe(t, ids, reward_groups(rng, 6, 4))
+        return out
+
+    jitted = run()
+    with jax.disable_jit():
+        assert run() == jitted
+
+
+def test_float32_default_matches_float64_batches():
+    g64 = random_graph(np.random.default_rng(11), num_envs=6, per_env=10)
+    g32 = graph_from_matrices(g64.s_full.astype(np.float32), g64.s_abs.astype(np.float32), g64.env_index)
+    runs = []
+    for graph, config in ((g64, F64), (g32, EnvSchedConfig())):
+        sched = EnvSched(graph, dataclasses.replace(config, batch_size=12, group_size=4))
+        rng = np.random.default_rng(1)
+        batches = []
+        for t in range(8):
+            ids = sched.select(t)
+            batches.append(ids)
+            sched.observe(t, ids, reward_groups(rng, 12, 4))
+        runs.append(batches)
+    assert runs[0] == runs[1]
+
+
+def test_second_step_does_not_recompile():
+    graph = random_graph(np.random.default_rng(5), num_envs=4, per_env=7, dtype=np.float32)
+    sched = EnvSched(graph, EnvSchedConfig(batch_size=6, group_size=4, k_within=5))  # a fresh config
+    rng = np.random.default_rng(0)
+    for t in range(2):
+        ids = sched.select(t)
+        sched.observe(t, ids, reward_groups(rng, 6, 4))
+    before = dict(envsched_module.TRACES)
+    shapes = jax.tree.map(lambda a: (a.shape, a.dtype), sched.state)
+    for t in range(2, 6):
+        ids = sched.select(t)
+        sched.observe(t, ids, reward_groups(rng, 6, 4))
+        assert jax.tree.map(lambda a: (a.shape, a.dtype), sched.state) == shapes
+    assert envsched_module.TRACES == before
+
+
+def test_infeasible_caps_raise_and_leave_state_unchanged():
+    graph = random_graph(np.random.default_rng(1), num_envs=2, per_env=10, dtype=np.float32)
+    sched = EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3))  # 2 envs x 3 < 8
+    with pytest.raises(SchedulingError, match="cold start"):
+        sched.select(0)
+    relaxed = EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3, infeasible="relax"))
+    ids = relaxed.select(0)
+    assert len(set(ids)) == 8 and relaxed.metrics()[-1].relaxations
+    relaxed.observe(0, ids, np.full((8, 4), 0.5))
+    before = relaxed._state_arrays()
+    strict = EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3))
+    strict.load_state_dict(relaxed.state_dict())
+    with pytest.raises(SchedulingError, match="no eligible task"):
+        strict.select(1)
+    after = strict._state_arrays()
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])
