@@ -125,7 +125,6 @@ class EnvSched(Scheduler):
         dtype = jnp.dtype(config.dtype)
         # S_full lives on the device (selection penalty, within-environment neighbours); S_abs is
         # only ever read B rows at a time, so it stays where the graph keeps it (memory or mmap).
-        self._s_full_host = graph.s_full
         self._s_full = jnp.asarray(graph.s_full, dtype)
         self._s_abs = graph.s_abs
         self._env = jnp.asarray(graph.env_index, jnp.int32)
@@ -144,7 +143,7 @@ class EnvSched(Scheduler):
 
     def _select(self, step):
         if step == 0:
-            nodes, relax = cold_start(np.asarray(self._s_full_host), np.asarray(self.graph.env_index),
+            nodes, relax = cold_start(np.asarray(self._s_full), np.asarray(self.graph.env_index),
                                       self.batch_size, np.asarray(self.state.excluded),
                                       self.config.infeasible == "relax", self.config.cap_step)
             return nodes, ["cold"] * len(nodes), None, relax

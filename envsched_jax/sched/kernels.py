@@ -27,7 +27,7 @@ class EnvSchedState:
 
     step: jax.Array            # [] int32: the next step to select
     key: jax.Array             # [2] uint32: PRNG key (EnvSched is deterministic; kept for the API)
-    log_step: jax.Array        # [N, L] int32: step of each logged observation, -1 = empty slot
+    log_step: jax.Array        # [N, L] int32: step of each logged observation (oldest first), -1 = empty
     log_y: jax.Array           # [N, L, 3] float: (v, m, d) of each logged observation
     num_obs: jax.Array         # [N] int32: observations ever made of each node
     step_ids: jax.Array        # [S] int32: step held by each step slot (slot = step % S), -1 = empty
@@ -79,20 +79,21 @@ def group_stats(rewards: jax.Array) -> jax.Array:
 # Ranks and quantiles (eq. 8, 12, 13)
 
 
-def percentile_rank(z: jax.Array) -> jax.Array:
-    """pr(z_i) = (rankavg(z_i) - 0.5) / N with 1-based ranks, ties given their average rank."""
+def percentile_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
+    """pr(z_i) = (rankavg(z_i) - 0.5) / N with 1-based ranks, ties given their average rank.
+    ``sorted_z`` may pass ``jnp.sort(z)`` when the caller already has it."""
     n = z.shape[0]
-    sorted_z = jnp.sort(z)
+    sorted_z = jnp.sort(z) if sorted_z is None else sorted_z
     below = jnp.searchsorted(sorted_z, z, side="left")
     upto = jnp.searchsorted(sorted_z, z, side="right")
     rank = (below + upto + 1) / 2.0
     return ((rank - 0.5) / n).astype(z.dtype)
 
 
-def quantile_map(values: jax.Array, p: jax.Array) -> jax.Array:
+def quantile_map(values: jax.Array, p: jax.Array, sorted_v: jax.Array | None = None) -> jax.Array:
     """Empirical quantile function of ``values`` at ``p`` in [0, 1], linear interpolation between
     order statistics at position p (N - 1) (numpy.quantile's default)."""
-    sorted_v = jnp.sort(values)
+    sorted_v = jnp.sort(values) if sorted_v is None else sorted_v
     pos = jnp.clip(p, 0.0, 1.0) * (values.shape[0] - 1)
     lo = jnp.floor(pos).astype(jnp.int32)
     hi = jnp.minimum(lo + 1, values.shape[0] - 1)
@@ -128,16 +129,21 @@ def _usable(state: EnvSchedState, t: jax.Array, step_capacity: int) -> tuple[jax
 
 def neighbour_bandwidth(sim: jax.Array, valid: jax.Array) -> jax.Array:
     """sigma = max(median_j delta_ij, 0.05) over each row's valid neighbours (numpy's median:
-    mean of the two middle values for an even count); 0.05 for a row without neighbours."""
-    delta = jnp.clip(1.0 - sim, 0.0, 1.0)
-    big = jnp.asarray(jnp.inf, sim.dtype)
-    sorted_d = jnp.sort(jnp.where(valid, delta, big), axis=1)
+    mean of the two middle values for an even count); 0.05 for a row without neighbours.
+
+    The order statistics come from pairwise rank counting over the (short) rows, which is much
+    cheaper on CPU than XLA's batched sort."""
+    delta = jnp.where(valid, jnp.clip(1.0 - sim, 0.0, 1.0), jnp.inf)
+    k = delta.shape[1]
+    pos = jnp.arange(k)
+    d_a, d_b = delta[:, :, None], delta[:, None, :]
+    rank = ((d_b < d_a) | ((d_b == d_a) & (pos[None, None, :] < pos[None, :, None]))).sum(-1)  # [N, k]
     count = valid.sum(axis=1)
     lo = jnp.maximum((count - 1) // 2, 0)
     hi = jnp.maximum(count // 2, 0)
-    med = 0.5 * (jnp.take_along_axis(sorted_d, lo[:, None], 1)[:, 0]
-                 + jnp.take_along_axis(sorted_d, hi[:, None], 1)[:, 0])
-    return jnp.where(count > 0, jnp.maximum(med, 0.05), 0.05).astype(sim.dtype)
+    pick_lo = jnp.where(rank == lo[:, None], delta, 0.0).sum(1)
+    pick_hi = jnp.where(rank == hi[:, None], delta, 0.0).sum(1)
+    return jnp.where(count > 0, jnp.maximum(0.5 * (pick_lo + pick_hi), 0.05), 0.05).astype(sim.dtype)
 
 
 def relation_estimate(nbr: jax.Array, sim: jax.Array, sigma: jax.Array, W: jax.Array,
@@ -149,7 +155,7 @@ def relation_estimate(nbr: jax.Array, sim: jax.Array, sigma: jax.Array, W: jax.A
     delta = jnp.clip(1.0 - sim, 0.0, 1.0)
     a = jnp.exp(-0.5 * (delta / sigma[:, None]) ** 2) * jnp.clip(W[j], 0.1, 3.0)
     a = jnp.where(valid, a, 0.0)
-    num = jnp.einsum("nk,nky->ny", a, ybar[j]) + lambda_g * bhat[None, :]
+    num = (a[..., None] * ybar[j]).sum(axis=1) + lambda_g * bhat[None, :]
     return num / (a.sum(axis=1, keepdims=True) + lambda_g)
 
 
@@ -169,7 +175,7 @@ def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: j
     w_l = jnp.where(log_ok, jnp.exp2(-(t - state.log_step).astype(dtype) / h), 0.0)
     W = w_l.sum(axis=1)
     ybar = jnp.where(W[:, None] > 0,
-                     jnp.einsum("nl,nly->ny", w_l, ytilde) / jnp.maximum(W, 1e-30)[:, None],
+                     (w_l[..., None] * ytilde).sum(axis=1) / jnp.maximum(W, 1e-30)[:, None],
                      bhat[None, :])
 
     G_in = relation_estimate(state.nbr_in, state.nbr_in_sim, sigma_in, W, ybar, bhat, config.lambda_g)
@@ -179,7 +185,8 @@ def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: j
     yhat = (W[:, None] * ybar + config.lambda_s * P) / (W[:, None] + config.lambda_s)
     vhat, mhat, dhat = yhat[:, V], yhat[:, M], yhat[:, D]
     f = dhat * mhat * (1.0 - mhat)
-    u = quantile_map(vhat, 0.65 * percentile_rank(vhat) + 0.35 * percentile_rank(f))
+    sorted_vhat = jnp.sort(vhat)
+    u = quantile_map(vhat, 0.65 * percentile_rank(vhat, sorted_vhat) + 0.35 * percentile_rank(f), sorted_vhat)
     return HalfLifeEstimate(bhat, W, ybar, G_in, G_cross, P, yhat, f, u)
 
 
@@ -213,34 +220,23 @@ class Progress(NamedTuple):
     excluded: jax.Array   # [N] bool: leaves the exploitation candidates
 
 
-def _ordered_log(state: EnvSchedState, log_ok: jax.Array):
-    """Usable log entries of each node sorted oldest first (unusable ones last)."""
-    key = jnp.where(log_ok, state.log_step, jnp.iinfo(jnp.int32).max)
-    order = jnp.argsort(key, axis=1)
-    steps = jnp.take_along_axis(state.log_step, order, 1)
-    ok = jnp.take_along_axis(log_ok, order, 1)
-    y = jnp.take_along_axis(state.log_y, order[:, :, None], 1)
-    return steps, ok, y
-
-
 def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, config) -> Progress:
     """Ridge regression of the next mean reward on (m, m^2, v, step, count, environment), fitted on
     the transitions between consecutive usable observations; a node's mean residual is shrunk
     toward environment and neighbour references as in eq. 4; nodes with enough transitions and a
     non-positive estimate leave the exploitation candidates."""
     dtype = state.log_y.dtype
-    log_ok, _ = _usable(state, state.step, config.step_capacity)
-    steps, ok, y = _ordered_log(state, log_ok)
+    ok, _ = _usable(state, state.step, config.step_capacity)
+    steps, y = state.log_step, state.log_y      # chronological: oldest first, empty slots last
     pair = ok[:, :-1] & ok[:, 1:]                                     # [N, L-1]
-    count = jnp.arange(1, steps.shape[1], dtype=dtype)[None, :]       # observations up to s1
+    count = jnp.cumsum(ok, axis=1)[:, :-1].astype(dtype)              # usable observations up to s1
     m1, v1 = y[:, :-1, M], y[:, :-1, V]
-    x = jnp.stack([m1, m1 ** 2, v1, steps[:, :-1].astype(dtype),
-                   jnp.broadcast_to(count, m1.shape)], axis=-1)        # [N, L-1, 5]
+    x = jnp.stack([m1, m1 ** 2, v1, steps[:, :-1].astype(dtype), count], axis=-1)  # [N, L-1, 5]
     target = y[:, 1:, M]
     w = pair.astype(dtype)
     total = jnp.maximum(w.sum(), 1.0)
-    mean = jnp.einsum("nk,nkf->f", w, x) / total
-    std = jnp.sqrt(jnp.einsum("nk,nkf->f", w, (x - mean) ** 2) / total)
+    mean = (w[..., None] * x).sum((0, 1)) / total
+    std = jnp.sqrt((w[..., None] * (x - mean) ** 2).sum((0, 1)) / total)
     # A constant column (max == min over the transitions) standardises to exactly 0; testing
     # std == 0 instead would turn rounding noise in the mean into +-1 values.
     inf = jnp.asarray(jnp.inf, dtype)
@@ -255,10 +251,11 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     # complement of the (diagonal) environment block: O(transitions + E) instead of O(E^3).
     lam = config.ridge_lambda
     env_of = jnp.broadcast_to(env_index[:, None], pair.shape)
-    a11 = jnp.einsum("nk,nkf,nkg->fg", w, xs, xs) + lam * jnp.eye(5, dtype=dtype)
-    s_e = jax.ops.segment_sum((w[..., None] * xs).reshape(-1, 5), env_of.reshape(-1), num_envs)  # [E, 5]
+    wxs = (w[..., None] * xs).reshape(-1, 5)
+    a11 = wxs.T @ xs.reshape(-1, 5) + lam * jnp.eye(5, dtype=dtype)
+    s_e = jax.ops.segment_sum(wxs, env_of.reshape(-1), num_envs)                                  # [E, 5]
     n_e = jax.ops.segment_sum(w.reshape(-1), env_of.reshape(-1), num_envs)                        # [E]
-    b1 = jnp.einsum("nk,nkf,nk->f", w, xs, yc)
+    b1 = wxs.T @ yc.reshape(-1)
     b2 = jax.ops.segment_sum((w * yc).reshape(-1), env_of.reshape(-1), num_envs)
     inv = 1.0 / (n_e + lam)
     schur = a11 - (s_e * inv[:, None]).T @ s_e
@@ -357,21 +354,40 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
 # Observe: logs, step means, neighbour lists, counts
 
 
+def _precedes(sim_a, idx_a, ok_a, sim_b, idx_b, ok_b):
+    """Whether b comes before a in the order (valid first, similarity desc, index asc)."""
+    return ok_b & (~ok_a | (sim_b > sim_a) | ((sim_b == sim_a) & (idx_b < idx_a)))
+
+
 def _merge_topk(nbr: jax.Array, sim: jax.Array, cand: jax.Array, cand_sim: jax.Array,
                 cand_ok: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Merge candidate columns into each row's top list: order by (similarity desc, index asc),
-    absent entries last, keep the list's width."""
-    k = nbr.shape[1]
-    all_idx = jnp.concatenate([nbr, cand], axis=1)
-    all_sim = jnp.concatenate([sim, cand_sim], axis=1)
-    all_ok = jnp.concatenate([nbr >= 0, cand_ok], axis=1)
-    big = jnp.iinfo(jnp.int32).max
-    key_sim = jnp.where(all_ok, -all_sim, jnp.inf)
-    key_idx = jnp.where(all_ok, all_idx, big)
-    _, sorted_idx, sorted_sim = jax.lax.sort((key_sim, key_idx, all_sim), dimension=1, num_keys=2)
-    sorted_idx = sorted_idx[:, :k]
-    keep = sorted_idx != big
-    return jnp.where(keep, sorted_idx, -1), jnp.where(keep, sorted_sim[:, :k], 0.0)
+    """Merge candidate columns into each row's top list, ordered by (similarity desc, index asc).
+
+    ``cand`` holds the same ascending node indices in every row, so ``lax.top_k`` (ties -> lower
+    position) picks the candidates' own top list in exactly that order; the two sorted lists of
+    width k are then merged by counting, for each entry, the entries of the other list that come
+    before it (O(N k^2), no general sort)."""
+    n, k = nbr.shape
+    if k == 0:
+        return nbr, sim
+    neg = jnp.asarray(-jnp.inf, sim.dtype)
+    top_sim, pos = jax.lax.top_k(jnp.where(cand_ok, cand_sim, neg), min(k, cand.shape[1]))
+    c_idx = jnp.take_along_axis(cand, pos, axis=1)
+    c_ok = jnp.take_along_axis(cand_ok, pos, axis=1)
+    e_ok = nbr >= 0
+    # rank of each existing entry: its position + candidates before it; and vice versa.
+    before_e = _precedes(sim[:, :, None], nbr[:, :, None], e_ok[:, :, None],
+                         top_sim[:, None, :], c_idx[:, None, :], c_ok[:, None, :]).sum(-1)
+    before_c = _precedes(top_sim[:, :, None], c_idx[:, :, None], c_ok[:, :, None],
+                         sim[:, None, :], nbr[:, None, :], e_ok[:, None, :]).sum(-1)
+    rank_e = jnp.where(e_ok, jnp.arange(k)[None, :] + before_e, k)
+    rank_c = jnp.where(c_ok, jnp.arange(c_idx.shape[1])[None, :] + before_c, k)
+    rows = jnp.arange(n)[:, None]
+    out_idx = jnp.full((n, k), -1, jnp.int32)
+    out_sim = jnp.zeros((n, k), sim.dtype)
+    out_idx = out_idx.at[rows, rank_e].set(nbr, mode="drop").at[rows, rank_c].set(c_idx, mode="drop")
+    out_sim = out_sim.at[rows, rank_e].set(sim, mode="drop").at[rows, rank_c].set(top_sim, mode="drop")
+    return out_idx, out_sim
 
 
 def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s_full_rows: jax.Array,
@@ -384,10 +400,16 @@ def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s
     t = state.step
     n = state.num_obs.shape[0]
     stats = group_stats(rewards.astype(dtype))                                   # [B, 3]
+    # Each node's log stays in chronological order (oldest first): a full row shifts left by one
+    # before the new observation goes into its last slot.
     cap = config.history_capacity
-    slot = state.num_obs[batch] % cap
-    log_step = state.log_step.at[batch, slot].set(t)
-    log_y = state.log_y.at[batch, slot].set(stats)
+    full = state.num_obs[batch] >= cap
+    pos = jnp.minimum(state.num_obs[batch], cap - 1)
+    rows = jnp.arange(batch.shape[0])
+    row_step = jnp.where(full[:, None], jnp.roll(state.log_step[batch], -1, axis=1), state.log_step[batch])
+    row_y = jnp.where(full[:, None, None], jnp.roll(state.log_y[batch], -1, axis=1), state.log_y[batch])
+    log_step = state.log_step.at[batch].set(row_step.at[rows, pos].set(t))
+    log_y = state.log_y.at[batch].set(row_y.at[rows, pos].set(stats))
     s_slot = t % config.step_capacity
     step_ids = state.step_ids.at[s_slot].set(t)
     step_means = state.step_means.at[s_slot].set(stats.mean(axis=0))

@@ -1,0 +1,158 @@
+"""Benchmark of one full EnvSched step (score pass + batch selection + observe) after compilation.
+
+Targets (scheduler-core issue), B = 64, K = 8, after a history of 50 steps:
+- N = 2,550 (generated 51 x 50 pool): <= 10 ms per step, and >= 5x faster than the plain NumPy
+  reference (tests/reference_envsched.py) measured in the same run on the same history;
+- N = 20,000 (dense matrices): <= 250 ms per step, peak memory <= 4 GiB;
+- compile time for each N.
+
+Each N runs in a fresh child process. The graph is built and saved first (not timed), then the
+child loads it memory-mapped, so the peak resident memory it reports is the scheduler's (the
+device copy of S_full, rows of S_abs read on demand, the state), not the graph build's. Rewards
+come from a fixed-seed generator of mixed binary / partial-credit / constant groups.
+
+Usage:
+    python experiments/bench_scheduler.py
+    python experiments/bench_scheduler.py --sizes 2550 --timed-steps 10
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing as mp
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tyro
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    sizes: tuple[int, ...] = (2550, 20000)
+    """Pool sizes N (generated pools of 50 tasks per environment)."""
+    history: int = 50
+    """Steps run before timing."""
+    timed_steps: int = 20
+    """Steps timed after the history (median reported)."""
+    reference_steps: int = 3
+    """Steps of the NumPy reference timed at N = 2,550."""
+    out: Path = Path("runs/bench_scheduler.json")
+
+
+def _rewards(rng, b, k):
+    import numpy as np
+
+    kind = rng.integers(0, 3, size=b)
+    p = rng.random(b)
+    binary = (rng.random((b, k)) < p[:, None]).astype(float)
+    partial = np.round(rng.random((b, k)) * p[:, None], 2)
+    return np.where(kind[:, None] == 0, binary, np.where(kind[:, None] == 1, partial, np.repeat(p[:, None], k, 1)))
+
+
+def _build(n: int, folder: str, queue) -> None:
+    from envsched_jax.graph.artefact import save_graph
+    from envsched_jax.graph.build import GraphConfig, build_graph
+    from envsched_jax.pool.generator import generate_pool_of_size
+
+    t0 = time.perf_counter()
+    graph = build_graph(generate_pool_of_size(n, seed=0), GraphConfig(dense="always"))
+    save_graph(graph, folder, overwrite=True)
+    queue.put(time.perf_counter() - t0)
+
+
+def _measure(folder: str, args: Args, queue) -> None:
+    import numpy as np
+
+    from envsched_jax.graph.artefact import load_graph
+    from envsched_jax.sched import EnvSched, EnvSchedConfig
+
+    graph = load_graph(folder, mmap=True)
+    config = EnvSchedConfig()
+    t0 = time.perf_counter()
+    sched = EnvSched(graph, config)
+    setup = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    history = []
+
+    def step(t):
+        ids = sched.select(t)
+        rewards = _rewards(rng, config.batch_size, config.group_size)
+        sched.observe(t, ids, rewards)
+        history.append(([sched._index[i] for i in ids], rewards))
+
+    step(0)                                   # cold start (NumPy, static structure)
+    t0 = time.perf_counter()
+    step(1)                                   # first jitted step: trace + compile + run
+    first = time.perf_counter() - t0
+    for t in range(2, args.history):
+        step(t)
+    times = []
+    for t in range(args.history, args.history + args.timed_steps):
+        t0 = time.perf_counter()
+        step(t)
+        times.append(time.perf_counter() - t0)
+    steady = float(np.median(times))
+    result = {"n": graph.num_nodes, "step_ms": 1000 * steady, "step_ms_min": 1000 * min(times),
+              "compile_s": first - steady, "setup_s": setup,
+              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+    if graph.num_nodes <= 5000 and args.reference_steps:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from reference_envsched import RefConfig, ReferenceEnvSched
+
+        ref = ReferenceEnvSched(np.asarray(graph.s_full, np.float64), np.asarray(graph.s_abs, np.float64),
+                                np.asarray(graph.env_index), RefConfig())
+        for t, (nodes, rewards) in enumerate(history[: args.history]):
+            ref.observe(t, nodes, rewards)
+        ref_times = []
+        for t in range(args.history, args.history + args.reference_steps):
+            nodes, rewards = history[t]
+            t0 = time.perf_counter()
+            ref.select(t)
+            ref.observe(t, nodes, rewards)
+            ref_times.append(time.perf_counter() - t0)
+        result["reference_step_ms"] = 1000 * float(np.median(ref_times))
+    queue.put(result)
+
+
+def _child(target, *args):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
+
+
+def main(args: Args) -> None:
+    results = []
+    targets = {2550: 10.0, 20000: 250.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.sizes:
+            folder = str(Path(tmp) / f"graph_{n}")
+            build_s = _child(_build, n, folder)
+            r = _child(_measure, folder, args)
+            r["graph_build_s"] = build_s
+            results.append(r)
+            line = (f"N={r['n']:>6}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
+                    f"{r['step_ms_min']:.2f}; target <= {targets.get(n, float('nan')):.0f} ms), compile "
+                    f"{r['compile_s']:.2f} s, peak RSS {r['peak_rss_gib']:.2f} GiB")
+            if "reference_step_ms" in r:
+                line += (f"; NumPy reference {r['reference_step_ms']:.0f} ms per step -> "
+                         f"{r['reference_step_ms'] / r['step_ms']:.0f}x (target >= 5x)")
+            print(line, flush=True)
+    print("paper: 34.93 s per scheduling step at N = 2,550")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"figures written to {args.out}")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
