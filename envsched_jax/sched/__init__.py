@@ -18,8 +18,8 @@ m = mean r; v = population variance (1/K) sum (r - m)^2; d = clip(v / max(m (1 -
 Step mean b[y, s] (y in {v, m, d}) = mean of y over the nodes observed at step s.
 
 CHOICE (bounded history): each node keeps only its `history_capacity` = 48 most recent
-observations; only observations and step means from the last `step_capacity` = 128 steps are used
-(steps s with t - 128 <= s < t). A node can be selected in at most 2 of every 3 steps (Ctask = 2),
+observations (kept oldest first); only observations and step means from the last
+`step_capacity` = 128 steps are used (steps s with t - 128 <= s < t). A node can be selected in at most 2 of every 3 steps (Ctask = 2),
 so its 48th most recent observation is at least 71 steps old: weight <= 2^-8.9 at h = 8.
 
 ## Half-life weighting and centering (per half-life h in {h_long = 8, h_short = 2})
@@ -61,8 +61,8 @@ q[i] = pr(u)_i.
 Transitions: consecutive pairs (s1 < s2) of a node's usable observations (both steps < t).
 Features x = (m1, m1^2, v1, s1, n1) with n1 = the node's number of observations up to and including
 s1 (counted over its usable observations, oldest first); target y = m2.
-Fit (only on those transitions): standardise each feature column (mean, population std; std 0 ->
-1); center the target (ybar = mean y); ridge regression of y - ybar on [x_std, onehot(env)] with
+Fit (only on those transitions): standardise each feature column (mean, population std; a
+column with max == min becomes exactly 0); center the target (ybar = mean y); ridge regression of y - ybar on [x_std, onehot(env)] with
 penalty lambda_ridge = 1.0 on every coefficient (no intercept beyond the centering).
 Residual of a transition: r = y - (ybar + x_std beta + gamma[env]).
 Node residual: n_i = number of its transitions, rbar_i = their mean residual (0 if none).
@@ -71,7 +71,8 @@ Neighbour reference R_nb(i) = mean of rbar_j over j in N_in(i) union N_cross(i) 
 none; the neighbour sets of this step).
 Shrinkage as in eq. 4: est_i = (n_i rbar_i + lambda_s (0.5 R_env(env i) + 0.5 R_nb(i))) / (n_i + lambda_s).
 A node with n_i >= 3 and est_i <= 0 is excluded from exploitation (stays eligible for coverage).
-With fewer than 2 transitions in the whole pool no node is excluded.
+With fewer than 2 transitions in the whole pool there is no fit: every estimate is 0 and no node
+is excluded.
 
 ## Batch construction (select at step t >= 1)
 B_cov = floor(rho B), B_exp = B - B_cov, rho = 0.5; coverage picks first, then exploitation, into
@@ -90,20 +91,22 @@ Exploitation pick: among eligible nodes not excluded by the progress filter, pic
 q * omega - pen, omega = (1 + c_i / c0)^(-1/2), c_i = cumulative selections of i over steps < t,
 c0 = 16; ties -> lower index.
 CHOICE (infeasible picks): policy "error" (default) raises an error naming the step, the phase and
-the picks made, and the state is unchanged; policy "relax" re-tries the pick dropping, in order, the
-progress filter (exploitation only), then cap (c), then (b), then (a), and records each relaxation
-in the step's metrics.
+the picks made, and the state is unchanged; policy "relax" re-tries the pick dropping cumulatively,
+in order, the progress filter (exploitation only), then cap (c), then (b), then (a), and records
+each relaxation in the step's metrics.
 
 ## Cold start (step 0, static structure only)
-Representative of env e: argmax over i in e of mean_{j in e, j != i} S_full[i, j] (a single-task
-environment: its task); ties -> lower index.
+Representative of env e: argmax over the non-excluded i in e of mean_{j in e, j != i} S_full[i, j]
+(the mean runs over all members; a single-task environment: its task); ties -> lower index. An
+environment whose tasks are all excluded has no representative.
 Combined novelty of i given the batch: 0.5 (1 - max_{j in batch} S_full[i, j])
 + 0.5 (1 - max_{j in batch, env(j) = env(i)} S_full[i, j]), each max taken as 0 when empty.
 If E <= B: the batch starts with all representatives (in environment order); else representatives
 are added greedily by argmax combined novelty (ties -> lower index) until B.
 Remaining slots: greedy argmax combined novelty over nodes not in the batch whose environment has
 fewer than 2 nodes in the batch (ties -> lower index). If fewer than B can be placed: the
-infeasible-pick policy applies ("relax" lifts the two-per-environment cap).
+infeasible-pick policy applies ("relax" first lifts the two-per-environment cap to C1, then drops
+C1 too, logging "cold_two_per_env" and "cap_step").
 
 ## State after observe(t)
 selection count c_i += 1 for each picked node; env cumulative selections += count; run_i = run_i + 1

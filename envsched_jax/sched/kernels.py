@@ -249,19 +249,20 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
 
     # Ridge on [xs, onehot(env)] with penalty lam on every coefficient, solved through the Schur
     # complement of the (diagonal) environment block: O(transitions + E) instead of O(E^3).
+    # Environment sums go node sums first, so the scatter runs over N rows, not N x L.
     lam = config.ridge_lambda
-    env_of = jnp.broadcast_to(env_index[:, None], pair.shape)
-    wxs = (w[..., None] * xs).reshape(-1, 5)
-    a11 = wxs.T @ xs.reshape(-1, 5) + lam * jnp.eye(5, dtype=dtype)
-    s_e = jax.ops.segment_sum(wxs, env_of.reshape(-1), num_envs)                                  # [E, 5]
-    n_e = jax.ops.segment_sum(w.reshape(-1), env_of.reshape(-1), num_envs)                        # [E]
-    b1 = wxs.T @ yc.reshape(-1)
-    b2 = jax.ops.segment_sum((w * yc).reshape(-1), env_of.reshape(-1), num_envs)
+    wxs = w[..., None] * xs                                               # [N, L-1, 5]
+    a11 = wxs.reshape(-1, 5).T @ xs.reshape(-1, 5) + lam * jnp.eye(5, dtype=dtype)
+    n_i_w = w.sum(axis=1)
+    s_e = jax.ops.segment_sum(wxs.sum(axis=1), env_index, num_envs)      # [E, 5]
+    n_e = jax.ops.segment_sum(n_i_w, env_index, num_envs)                # [E]
+    b1 = wxs.reshape(-1, 5).T @ yc.reshape(-1)
+    b2 = jax.ops.segment_sum((w * yc).sum(axis=1), env_index, num_envs)
     inv = 1.0 / (n_e + lam)
     schur = a11 - (s_e * inv[:, None]).T @ s_e
     beta = jnp.linalg.solve(schur, b1 - s_e.T @ (b2 * inv))
     gamma = (b2 - s_e @ beta) * inv
-    resid = jnp.where(pair, yc - xs @ beta - gamma[env_of], 0.0)
+    resid = jnp.where(pair, yc - xs @ beta - gamma[env_index][:, None], 0.0)
 
     n_i = pair.sum(axis=1)
     rbar = resid.sum(axis=1) / jnp.maximum(n_i, 1)
