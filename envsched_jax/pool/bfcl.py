@@ -99,6 +99,7 @@ from pathlib import Path
 from typing import Any
 
 from envsched_jax.envs.inprocess import instantiate, snapshot_state
+from envsched_jax.pool.jsonl import read_json_objects
 from envsched_jax.pool.model import (
     Action,
     Check,
@@ -174,23 +175,7 @@ def _read_json_lines(path: Path, problems: list[PoolError]) -> list[tuple[int, d
     if not path.is_file():
         raise PoolError(f"missing BFCL data file (reinstall with `{INSTALL_HINT}`)",
                         source=str(path))
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as err:
-                problems.append(PoolError(f"invalid JSON ({err.msg} at column {err.colno})",
-                                          source=str(path), line=line_no))
-                continue
-            if not isinstance(obj, dict):
-                problems.append(PoolError("a record must be a JSON object",
-                                          source=str(path), line=line_no))
-                continue
-            records.append((line_no, obj))
-    return records
+    return read_json_objects(path, problems)
 
 
 # --------------------------------------------------------------------------------------------

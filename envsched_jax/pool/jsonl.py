@@ -140,6 +140,27 @@ def task_from_json(obj: Mapping[str, Any], *, source: str = "<record>", line: in
         raise _rewrap(err, where) from None
 
 
+def read_json_objects(path: Path, problems: list[PoolError]) -> list[tuple[int, dict[str, Any]]]:
+    """Every JSON object of a JSON-lines file with its 1-based line number; an invalid line or a
+    non-object goes to ``problems`` (naming file and line) and is skipped."""
+    records = []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as err:
+                problems.append(PoolError(f"invalid JSON ({err.msg} at column {err.colno})",
+                                          source=str(path), line=line_no))
+                continue
+            if not isinstance(obj, dict):
+                problems.append(PoolError("a record must be a JSON object", source=str(path), line=line_no))
+                continue
+            records.append((line_no, obj))
+    return records
+
+
 def read_pool(path: str | os.PathLike, *, name: str | None = None, drop_invalid: bool = False) -> Pool:
     """Read and validate a canonical JSON-lines pool file.
 
@@ -153,32 +174,20 @@ def read_pool(path: str | os.PathLike, *, name: str | None = None, drop_invalid:
         raise PoolError("no such pool file", source=source)
     envs, env_loc, tasks, task_loc = [], [], [], []
     problems: list[PoolError] = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as err:
-                problems.append(PoolError(f"invalid JSON ({err.msg} at column {err.colno})",
-                                          source=source, line=line_no))
-                continue
-            if not isinstance(obj, dict):
-                problems.append(PoolError("a record must be a JSON object", source=source, line=line_no))
-                continue
-            kind = obj.get("kind")
-            try:
-                if kind == "environment":
-                    envs.append(environment_from_json(obj, source=source, line=line_no))
-                    env_loc.append((source, line_no))
-                elif kind == "task":
-                    tasks.append(task_from_json(obj, source=source, line=line_no))
-                    task_loc.append((source, line_no))
-                else:
-                    problems.append(PoolError(f"'kind' must be 'environment' or 'task', got {kind!r}",
-                                              source=source, line=line_no, field="kind"))
-            except PoolError as err:
-                problems.append(err)
+    for line_no, obj in read_json_objects(path, problems):
+        kind = obj.get("kind")
+        try:
+            if kind == "environment":
+                envs.append(environment_from_json(obj, source=source, line=line_no))
+                env_loc.append((source, line_no))
+            elif kind == "task":
+                tasks.append(task_from_json(obj, source=source, line=line_no))
+                task_loc.append((source, line_no))
+            else:
+                problems.append(PoolError(f"'kind' must be 'environment' or 'task', got {kind!r}",
+                                          source=source, line=line_no, field="kind"))
+        except PoolError as err:
+            problems.append(err)
     return assemble_pool(name or path.stem, envs, tasks, env_locations=env_loc,
                          task_locations=task_loc, problems=problems, drop_invalid=drop_invalid)
 
