@@ -215,3 +215,11 @@ def test_infeasible_caps_raise_and_leave_state_unchanged():
     after = strict._state_arrays()
     for key in before:
         np.testing.assert_array_equal(before[key], after[key])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sort_values_matches_numpy(dtype):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(size=200), [0.0, -0.0, 1e-30, -1e-30, 3.5, 3.5, -7.25]]).astype(dtype)
+    got = np.asarray(K.sort_values(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.sort(x))

@@ -29,6 +29,7 @@ class EnvSchedState:
     key: jax.Array             # [2] uint32: PRNG key (EnvSched is deterministic; kept for the API)
     log_step: jax.Array        # [N, L] int32: step of each logged observation (oldest first), -1 = empty
     log_y: jax.Array           # [N, L, 3] float: (v, m, d) of each logged observation
+    log_b: jax.Array           # [N, L, 3] float: the step means b[y, s] of each observation's step
     num_obs: jax.Array         # [N] int32: observations ever made of each node
     step_ids: jax.Array        # [S] int32: step held by each step slot (slot = step % S), -1 = empty
     step_means: jax.Array      # [S, 3] float: step means b[y, s]
@@ -50,6 +51,7 @@ def init_state(num_nodes: int, num_envs: int, config, key: jax.Array) -> EnvSche
         step=jnp.zeros((), jnp.int32), key=key,
         log_step=jnp.full((n, config.history_capacity), -1, jnp.int32),
         log_y=jnp.zeros((n, config.history_capacity, 3), dtype),
+        log_b=jnp.zeros((n, config.history_capacity, 3), dtype),
         num_obs=jnp.zeros((n,), jnp.int32),
         step_ids=jnp.full((config.step_capacity,), -1, jnp.int32),
         step_means=jnp.zeros((config.step_capacity, 3), dtype),
@@ -79,11 +81,26 @@ def group_stats(rewards: jax.Array) -> jax.Array:
 # Ranks and quantiles (eq. 8, 12, 13)
 
 
+def sort_values(x: jax.Array) -> jax.Array:
+    """``jnp.sort(x)`` for a 1-D float array, computed on integer keys.
+
+    XLA's CPU sort is several times faster on integers than on floats (it compares floats through
+    a total-order comparator). Float bits map to integers of the same order: non-negative floats
+    keep their bit pattern, negative ones have their 31 (63) magnitude bits flipped; -0.0 is made
+    +0.0 first so that it ties with 0.0 as in a float comparison."""
+    itype = jnp.int32 if x.dtype == jnp.float32 else jnp.int64
+    mask = jnp.asarray(jnp.iinfo(itype).max, itype)
+    bits = jax.lax.bitcast_convert_type(x + 0.0, itype)
+    key = jnp.where(bits < 0, bits ^ mask, bits)
+    key = jax.lax.sort(key, is_stable=False)
+    return jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ mask, key), x.dtype)
+
+
 def percentile_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
     """pr(z_i) = (rankavg(z_i) - 0.5) / N with 1-based ranks, ties given their average rank.
     ``sorted_z`` may pass ``jnp.sort(z)`` when the caller already has it."""
     n = z.shape[0]
-    sorted_z = jnp.sort(z) if sorted_z is None else sorted_z
+    sorted_z = sort_values(z) if sorted_z is None else sorted_z
     below = jnp.searchsorted(sorted_z, z, side="left")
     upto = jnp.searchsorted(sorted_z, z, side="right")
     rank = (below + upto + 1) / 2.0
@@ -93,7 +110,7 @@ def percentile_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Arra
 def quantile_map(values: jax.Array, p: jax.Array, sorted_v: jax.Array | None = None) -> jax.Array:
     """Empirical quantile function of ``values`` at ``p`` in [0, 1], linear interpolation between
     order statistics at position p (N - 1) (numpy.quantile's default)."""
-    sorted_v = jnp.sort(values) if sorted_v is None else sorted_v
+    sorted_v = sort_values(values) if sorted_v is None else sorted_v
     pos = jnp.clip(p, 0.0, 1.0) * (values.shape[0] - 1)
     lo = jnp.floor(pos).astype(jnp.int32)
     hi = jnp.minimum(lo + 1, values.shape[0] - 1)
@@ -121,9 +138,8 @@ def _usable(state: EnvSchedState, t: jax.Array, step_capacity: int) -> tuple[jax
     """Masks of usable log entries [N, L] and step slots [S]: steps in [t - S, t) whose step
     mean is still held."""
     slot_ok = (state.step_ids >= 0) & (state.step_ids < t) & (state.step_ids >= t - step_capacity)
-    log_slot = jnp.where(state.log_step >= 0, state.log_step % step_capacity, 0)
-    log_ok = ((state.log_step >= 0) & (state.log_step >= t - step_capacity)
-              & (state.step_ids[log_slot] == state.log_step))
+    # Steps are strictly sequential, so the step ring holds exactly the steps in [t - S, t).
+    log_ok = (state.log_step >= 0) & (state.log_step >= t - step_capacity)
     return log_ok, slot_ok
 
 
@@ -170,8 +186,7 @@ def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: j
 
     lower = jnp.asarray(_LOWER, dtype)
     upper = jnp.asarray(_UPPER, dtype)
-    b_of_log = state.step_means[jnp.where(state.log_step >= 0, state.log_step % config.step_capacity, 0)]
-    ytilde = jnp.clip(state.log_y - b_of_log + bhat, lower, upper)          # [N, L, 3]
+    ytilde = jnp.clip(state.log_y - state.log_b + bhat, lower, upper)       # [N, L, 3]
     w_l = jnp.where(log_ok, jnp.exp2(-(t - state.log_step).astype(dtype) / h), 0.0)
     W = w_l.sum(axis=1)
     ybar = jnp.where(W[:, None] > 0,
@@ -185,7 +200,7 @@ def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: j
     yhat = (W[:, None] * ybar + config.lambda_s * P) / (W[:, None] + config.lambda_s)
     vhat, mhat, dhat = yhat[:, V], yhat[:, M], yhat[:, D]
     f = dhat * mhat * (1.0 - mhat)
-    sorted_vhat = jnp.sort(vhat)
+    sorted_vhat = sort_values(vhat)
     u = quantile_map(vhat, 0.65 * percentile_rank(vhat, sorted_vhat) + 0.35 * percentile_rank(f), sorted_vhat)
     return HalfLifeEstimate(bhat, W, ybar, G_in, G_cross, P, yhat, f, u)
 
@@ -220,6 +235,24 @@ class Progress(NamedTuple):
     excluded: jax.Array   # [N] bool: leaves the exploitation candidates
 
 
+def _spd_solve(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Solve a x = b for a small symmetric positive-definite ``a`` by an unrolled Cholesky
+    factorisation (a handful of scalar ops; cheaper on CPU than a LAPACK call for 5 x 5)."""
+    k = a.shape[0]
+    L = [[None] * k for _ in range(k)]
+    for i in range(k):
+        for j in range(i + 1):
+            acc = a[i, j] - sum((L[i][p] * L[j][p] for p in range(j)), jnp.zeros((), a.dtype))
+            L[i][j] = jnp.sqrt(acc) if i == j else acc / L[j][j]
+    z = []
+    for i in range(k):  # L z = b
+        z.append((b[i] - sum((L[i][p] * z[p] for p in range(i)), jnp.zeros((), a.dtype))) / L[i][i])
+    x = [None] * k
+    for i in reversed(range(k)):  # L^T x = z
+        x[i] = (z[i] - sum((L[p][i] * x[p] for p in range(i + 1, k)), jnp.zeros((), a.dtype))) / L[i][i]
+    return jnp.stack(x)
+
+
 def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, config) -> Progress:
     """Ridge regression of the next mean reward on (m, m^2, v, step, count, environment), fitted on
     the transitions between consecutive usable observations; a node's mean residual is shrunk
@@ -231,19 +264,20 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     pair = ok[:, :-1] & ok[:, 1:]                                     # [N, L-1]
     count = jnp.cumsum(ok, axis=1)[:, :-1].astype(dtype)              # usable observations up to s1
     m1, v1 = y[:, :-1, M], y[:, :-1, V]
-    x = jnp.stack([m1, m1 ** 2, v1, steps[:, :-1].astype(dtype), count], axis=-1)  # [N, L-1, 5]
+    # Features first ([5, N, L-1]): every reduction below runs along the minor axes.
+    x = jnp.stack([m1, m1 ** 2, v1, steps[:, :-1].astype(dtype), count])
     target = y[:, 1:, M]
     w = pair.astype(dtype)
     total = jnp.maximum(w.sum(), 1.0)
-    mean = (w[..., None] * x).sum((0, 1)) / total
-    std = jnp.sqrt((w[..., None] * (x - mean) ** 2).sum((0, 1)) / total)
+    mean = (w * x).sum((1, 2)) / total
+    std = jnp.sqrt((w * (x - mean[:, None, None]) ** 2).sum((1, 2)) / total)
     # A constant column (max == min over the transitions) standardises to exactly 0; testing
     # std == 0 instead would turn rounding noise in the mean into +-1 values.
     inf = jnp.asarray(jnp.inf, dtype)
-    col_max = jnp.max(jnp.where(pair[..., None], x, -inf), axis=(0, 1))
-    col_min = jnp.min(jnp.where(pair[..., None], x, inf), axis=(0, 1))
-    constant = col_max <= col_min
-    xs = jnp.where(constant, 0.0, (x - mean) / jnp.where(constant, 1.0, std))
+    col_max = jnp.max(jnp.where(pair, x, -inf), axis=(1, 2))
+    col_min = jnp.min(jnp.where(pair, x, inf), axis=(1, 2))
+    constant = (col_max <= col_min)[:, None, None]
+    xs = jnp.where(constant, 0.0, (x - mean[:, None, None]) / jnp.where(constant, 1.0, std[:, None, None]))
     ybar = (w * target).sum() / total
     yc = target - ybar
 
@@ -251,18 +285,17 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     # complement of the (diagonal) environment block: O(transitions + E) instead of O(E^3).
     # Environment sums go node sums first, so the scatter runs over N rows, not N x L.
     lam = config.ridge_lambda
-    wxs = w[..., None] * xs                                               # [N, L-1, 5]
-    a11 = wxs.reshape(-1, 5).T @ xs.reshape(-1, 5) + lam * jnp.eye(5, dtype=dtype)
-    n_i_w = w.sum(axis=1)
-    s_e = jax.ops.segment_sum(wxs.sum(axis=1), env_index, num_envs)      # [E, 5]
-    n_e = jax.ops.segment_sum(n_i_w, env_index, num_envs)                # [E]
-    b1 = wxs.reshape(-1, 5).T @ yc.reshape(-1)
+    wxs = (w * xs).reshape(5, -1)                                         # [5, N (L-1)]
+    a11 = wxs @ xs.reshape(5, -1).T + lam * jnp.eye(5, dtype=dtype)
+    s_e = jax.ops.segment_sum((w * xs).sum(axis=2).T, env_index, num_envs)   # [E, 5]
+    n_e = jax.ops.segment_sum(w.sum(axis=1), env_index, num_envs)            # [E]
+    b1 = wxs @ yc.reshape(-1)
     b2 = jax.ops.segment_sum((w * yc).sum(axis=1), env_index, num_envs)
     inv = 1.0 / (n_e + lam)
     schur = a11 - (s_e * inv[:, None]).T @ s_e
-    beta = jnp.linalg.solve(schur, b1 - s_e.T @ (b2 * inv))
+    beta = _spd_solve(schur, b1 - s_e.T @ (b2 * inv))
     gamma = (b2 - s_e @ beta) * inv
-    resid = jnp.where(pair, yc - xs @ beta - gamma[env_index][:, None], 0.0)
+    resid = jnp.where(pair, yc - jnp.tensordot(beta, xs, axes=1) - gamma[env_index][:, None], 0.0)
 
     n_i = pair.sum(axis=1)
     rbar = resid.sum(axis=1) / jnp.maximum(n_i, 1)
@@ -409,11 +442,14 @@ def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s
     rows = jnp.arange(batch.shape[0])
     row_step = jnp.where(full[:, None], jnp.roll(state.log_step[batch], -1, axis=1), state.log_step[batch])
     row_y = jnp.where(full[:, None, None], jnp.roll(state.log_y[batch], -1, axis=1), state.log_y[batch])
+    row_b = jnp.where(full[:, None, None], jnp.roll(state.log_b[batch], -1, axis=1), state.log_b[batch])
+    b_t = stats.mean(axis=0)
     log_step = state.log_step.at[batch].set(row_step.at[rows, pos].set(t))
     log_y = state.log_y.at[batch].set(row_y.at[rows, pos].set(stats))
+    log_b = state.log_b.at[batch].set(row_b.at[rows, pos].set(b_t))
     s_slot = t % config.step_capacity
     step_ids = state.step_ids.at[s_slot].set(t)
-    step_means = state.step_means.at[s_slot].set(stats.mean(axis=0))
+    step_means = state.step_means.at[s_slot].set(b_t)
 
     # Nodes observed for the first time join every other node's neighbour candidates.
     new = state.num_obs[batch] == 0                                              # [B]
@@ -430,7 +466,7 @@ def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s
     picked = jnp.zeros((n,), bool).at[batch].set(True)
     env_now = jax.ops.segment_sum(jnp.ones_like(batch), env_index[batch], state.env_total.shape[0])
     return state.replace(
-        step=t + 1, log_step=log_step, log_y=log_y, num_obs=num_obs, step_ids=step_ids,
+        step=t + 1, log_step=log_step, log_y=log_y, log_b=log_b, num_obs=num_obs, step_ids=step_ids,
         step_means=step_means, nbr_in=nbr_in, nbr_in_sim=nbr_in_sim, nbr_cross=nbr_cross,
         nbr_cross_sim=nbr_cross_sim, sel_count=state.sel_count + picked,
         env_total=state.env_total + env_now, env_recent=jnp.stack([env_now, state.env_recent[0]]),
