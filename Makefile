@@ -34,6 +34,7 @@ test-all: test test-slow
 
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_graph.py
+	$(BIN)/python experiments/bench_scheduler.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis
