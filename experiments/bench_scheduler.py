@@ -14,6 +14,7 @@ come from a fixed-seed generator of mixed binary / partial-credit / constant gro
 Usage:
     python experiments/bench_scheduler.py
     python experiments/bench_scheduler.py --sizes 2550 --timed-steps 10
+    python experiments/bench_scheduler.py --sizes 2550 --history-capacity 16
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Args:
     """Steps timed after the history (median reported)."""
     reference_steps: int = 3
     """Steps of the NumPy reference timed at N = 2,550."""
+    history_capacity: int = 48
+    """EnvSchedConfig.history_capacity (observations kept per node; the main cost driver)."""
     out: Path = Path("runs/bench_scheduler.json")
 
 
@@ -73,7 +76,7 @@ def _measure(folder: str, args: Args, queue) -> None:
     from envsched_jax.sched import EnvSched, EnvSchedConfig
 
     graph = load_graph(folder, mmap=True)
-    config = EnvSchedConfig()
+    config = EnvSchedConfig(history_capacity=args.history_capacity)
     t0 = time.perf_counter()
     sched = EnvSched(graph, config)
     setup = time.perf_counter() - t0
@@ -107,7 +110,7 @@ def _measure(folder: str, args: Args, queue) -> None:
         from reference_envsched import RefConfig, ReferenceEnvSched
 
         ref = ReferenceEnvSched(np.asarray(graph.s_full, np.float64), np.asarray(graph.s_abs, np.float64),
-                                np.asarray(graph.env_index), RefConfig())
+                                np.asarray(graph.env_index), RefConfig(history_capacity=args.history_capacity))
         for t, (nodes, rewards) in enumerate(history[: args.history]):
             ref.observe(t, nodes, rewards)
         ref_times = []
@@ -141,7 +144,7 @@ def main(args: Args) -> None:
             r = _child(_measure, folder, args)
             r["graph_build_s"] = build_s
             results.append(r)
-            line = (f"N={r['n']:>6}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
+            line = (f"N={r['n']:>6}, history capacity {args.history_capacity}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
                     f"{r['step_ms_min']:.2f}; target <= {targets.get(n, float('nan')):.0f} ms), compile "
                     f"{r['compile_s']:.2f} s, peak RSS {r['peak_rss_gib']:.2f} GiB")
             if "reference_step_ms" in r:
