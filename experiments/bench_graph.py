@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing as mp
 import resource
 import time
 from pathlib import Path
 
 import tyro
+from benchlib import run_in_child
 
 MIB = 2**20
 
@@ -98,18 +98,8 @@ def _candidate_case(n: int, queue) -> None:
                "dense_would_need_mib": 2 * n * n * 4 / MIB})
 
 
-def _run(target, *args) -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(*args, queue))
-    proc.start()
-    result = queue.get()
-    proc.join()
-    return result
-
-
 def main(args: Args) -> None:
-    results = {"full_graph_2550": _run(_full_graph_case)}
+    results = {"full_graph_2550": run_in_child(_full_graph_case)}
     r = results["full_graph_2550"]
     print(f"[graph build, N={r['n']}]  wall {r['wall_s']:.2f} s (target <= 30 s)   "
           + ", ".join(f"{k} {v:.2f} s" for k, v in r["timings_s"].items()))
@@ -120,7 +110,7 @@ def main(args: Args) -> None:
           f"{r['baseline_dense_s']:.2f} s -> {r['baseline_dense_s'] / r['ours_dense_s']:.2f}x; "
           f"max |diff| {r['max_abs_diff_vs_baseline']:.1e}")
     if not args.skip_large:
-        results["candidates_large"] = r = _run(_candidate_case, args.large_n)
+        results["candidates_large"] = r = run_in_child(_candidate_case, args.large_n)
         print(f"[candidate lists, N={r['n']}]  wall {r['wall_s']:.1f} s (target < 300 s), peak memory "
               f"+{r['peak_mib'] / 1024:.2f} GiB (target < 8 GiB; whole process {r['process_peak_mib'] / 1024:.2f} GiB)  "
               + ", ".join(f"{k} {v:.1f} s" for k, v in r["timings_s"].items()))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing as mp
 import resource
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import tyro
+from benchlib import run_in_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,24 +124,14 @@ def _measure(folder: str, args: Args, queue) -> None:
     queue.put(result)
 
 
-def _child(target, *args):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(*args, queue))
-    proc.start()
-    out = queue.get()
-    proc.join()
-    return out
-
-
 def main(args: Args) -> None:
     results = []
     targets = {2550: 10.0, 20000: 250.0}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             folder = str(Path(tmp) / f"graph_{n}")
-            build_s = _child(_build, n, folder)
-            r = _child(_measure, folder, args)
+            build_s = run_in_child(_build, n, folder)
+            r = run_in_child(_measure, folder, args)
             r["graph_build_s"] = build_s
             results.append(r)
             line = (f"N={r['n']:>6}, history capacity {args.history_capacity}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
