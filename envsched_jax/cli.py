@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = [f"{argv[0]} {argv[1]}", *argv[2:]]
     args = tyro.cli(Command, args=argv, prog="envsched",
                     description=f"envsched_jax command line. Pool specs: {SPEC_HELP}")
-    console = Console()
+    # Piped or logged output gets a fixed 120 columns (rich would assume 80 and squeeze tables).
+    console = Console() if Console().is_terminal else Console(width=120)
     if isinstance(args, PoolInspect):
         return pool_inspect(args, console)
     return graph_build(args, console)

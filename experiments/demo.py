@@ -69,15 +69,16 @@ def run(name: str, graph, pool, args: Args, console: Console):
 
 
 def main(args: Args) -> None:
-    console = Console()
+    # Piped or logged output gets a fixed 120 columns (rich would assume 80 and squeeze tables).
+    console = Console() if Console().is_terminal else Console(width=120)
     pool = load_pool(args.pool)
     graph = build_graph(pool, GraphConfig(), progress=True)
     console.print(f"[bold]{pool.name}[/bold]: {pool.num_environments} environments, {pool.num_tasks} tasks; "
                   f"graph built in {sum(graph.timings.values()):.1f} s; B={args.batch_size}, K={args.group_size}, "
                   f"{args.steps} steps, toy reward model (synthetic)")
     results = {name: run(name, graph, pool, args, console) for name in ("envsched", "random")}
-    table = Table("step", "EnvSched envs", "tools", "pred. var", "real. var", "cov/exp",
-                  "Random envs", "tools", "real. var", title="Per-step batch statistics")
+    table = Table("step", "envs", "tools", "pred var", "real var", "cov/exp", "envs", "tools", "real var",
+                  title="Per-step batch statistics: EnvSched (columns 2-6) | Random (columns 7-9)")
     for t in range(args.steps):
         e = results["envsched"][0][t].summary()
         r = results["random"][0][t].summary()
@@ -86,9 +87,11 @@ def main(args: Args) -> None:
         table.add_row(str(t), str(e["environments"]), str(e["tools"]), pred, f"{e['realised_variance']:.4f}",
                       phases, str(r["environments"]), str(r["tools"]), f"{r['realised_variance']:.4f}")
     console.print(table)
-    summary = Table("scheduler", "mean realised variance", "median realised variance", "mean reward",
-                    "environments / batch", "tools / batch", "select time (ms, after step 1)",
-                    title=f"Over {args.steps} steps")
+    summary = Table("scheduler", "mean var", "median var", "mean reward", "envs/batch", "tools/batch",
+                    "select ms", title=f"Over {args.steps} steps (var: realised within-group reward "
+                    "variance; select ms: median after step 1)")
+    for column in summary.columns:
+        column.no_wrap = True
     for name, (metrics, times) in results.items():
         var = np.concatenate([m.realised_variance for m in metrics])
         rew = np.concatenate([m.mean_reward for m in metrics])
