@@ -223,3 +223,35 @@ def test_sort_values_matches_numpy(dtype):
     x = np.concatenate([rng.normal(size=200), [0.0, -0.0, 1e-30, -1e-30, 3.5, 3.5, -7.25]]).astype(dtype)
     got = np.asarray(K.sort_values(jnp.asarray(x)))
     np.testing.assert_array_equal(got, np.sort(x))
+
+
+def test_paper_defaults_on_a_generated_pool_respect_phases_and_caps():
+    """B = 64 = 32 coverage + 32 exploitation on a 51 x 50 pool; the per-step (C1), rolling
+    three-step (C3) and consecutive (Ctask) caps hold at every step."""
+    from envsched_jax.graph.build import build_graph
+    from envsched_jax.pool.generator import generate_pool
+
+    pool = generate_pool(51, 50, seed=2)
+    graph = build_graph(pool)
+    config = EnvSchedConfig()
+    sched = EnvSched(graph, config)
+    env = graph.env_index
+    rng = np.random.default_rng(0)
+    history = []
+    for t in range(12):
+        ids = sched.select(t)
+        nodes = np.array([sched._index[i] for i in ids])
+        assert len(set(nodes.tolist())) == 64
+        phases = sched.metrics()[-1].phases
+        if t == 0:
+            assert phases == ["cold"] * 64
+            assert np.bincount(env[nodes]).max() <= 2 and len(set(env[nodes].tolist())) == 51
+        else:
+            assert phases == ["coverage"] * 32 + ["exploitation"] * 32
+            assert np.bincount(env[nodes]).max() <= config.cap_step
+            window = np.concatenate([nodes] + history[-2:])
+            assert np.bincount(env[window]).max() <= config.cap_window
+            if len(history) >= 2:
+                assert not (set(nodes.tolist()) & set(history[-1].tolist()) & set(history[-2].tolist()))
+        history.append(nodes)
+        sched.observe(t, ids, reward_groups(rng, 64, 8))
