@@ -1,0 +1,77 @@
+"""A worker reached over a byte stream: frames out, frames in, each read under a deadline.
+
+The transports differ only in how bytes move (a pipe pair for bubblewrap, Docker's multiplexed
+attach socket) and how the jail is killed; :class:`StreamWorker` holds the shared logic and turns
+every transport failure into a :class:`SandboxError` that names the cause.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from envsched_jax.envs.runtime import frames
+from envsched_jax.envs.sandbox.base import SandboxError, SandboxLimits, checked_reply
+
+
+class StreamWorker:
+    """Subclasses implement ``_send(data)``, ``_recv(n, deadline) -> bytes`` (b"" on EOF),
+    ``_kill()`` and ``_exit_cause() -> str`` (why the worker died, for the error message)."""
+
+    startup_seconds: float = 0.0
+
+    def __init__(self, limits: SandboxLimits):
+        self.limits = limits
+        self.closed = False
+
+    def _send(self, data: bytes) -> None: raise NotImplementedError
+
+    def _recv(self, n: int, deadline: float) -> bytes: raise NotImplementedError
+
+    def _kill(self) -> None: raise NotImplementedError
+
+    def _exit_cause(self) -> str: raise NotImplementedError
+
+    def _recv_exact(self, n: int, deadline: float, timeout: float) -> bytes:
+        chunks, remaining = [], n
+        while remaining:
+            if time.monotonic() >= deadline:
+                self.close()
+                raise SandboxError("wall_clock", f"wall-clock limit of {timeout:g} s exceeded; "
+                                   "the sandbox was killed", retire=True)
+            chunk = self._recv(remaining, deadline)
+            if not chunk:
+                if time.monotonic() >= deadline:
+                    continue
+                cause = self._exit_cause()
+                self.close()
+                raise SandboxError("crashed", f"the worker died ({cause})", retire=True)
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.closed:
+            raise SandboxError("crashed", "the worker was already closed", retire=True)
+        deadline = time.monotonic() + timeout
+        try:
+            self._send(frames.pack(message, self.limits.max_message_bytes))
+        except (BrokenPipeError, ConnectionError, OSError) as err:
+            cause = self._exit_cause()
+            self.close()
+            raise SandboxError("crashed", f"cannot write to the worker ({err}; {cause})",
+                               retire=True) from None
+        header = self._recv_exact(frames.HEADER.size, deadline, timeout)
+        try:
+            length = frames.frame_length(header, self.limits.max_message_bytes)
+            reply = frames.unpack(self._recv_exact(length, deadline, timeout))
+        except (frames.FrameTooLarge, ValueError) as err:
+            self.close()
+            raise SandboxError("protocol", f"bad reply from the worker ({err})",
+                               retire=True) from None
+        return checked_reply(reply)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._kill()
