@@ -129,3 +129,10 @@ from envsched_jax.sched.random import RandomScheduler  # noqa: E402
 
 __all__ = ["EnvSched", "EnvSchedConfig", "RandomScheduler", "Scheduler", "SchedulerInputError",
            "SchedulingError", "StepMetrics", "make_scheduler", "register_scheduler", "registered_schedulers"]
+
+# Baseline schedulers (registered on import): DPS, MoPPS, the LEEPS reconstruction.
+from envsched_jax.sched.dps import DPS, DPSConfig  # noqa: E402
+from envsched_jax.sched.leeps import LEEPSReconstruction, LEEPSReconstructionConfig  # noqa: E402
+from envsched_jax.sched.mopps import MoPPS, MoPPSConfig  # noqa: E402
+
+__all__ += ["DPS", "DPSConfig", "LEEPSReconstruction", "LEEPSReconstructionConfig", "MoPPS", "MoPPSConfig"]
