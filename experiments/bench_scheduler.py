@@ -11,9 +11,16 @@ child loads it memory-mapped, so the peak resident memory it reports is the sche
 device copy of S_full, rows of S_abs read on demand, the state), not the graph build's. Rewards
 come from a fixed-seed generator of mixed binary / partial-credit / constant groups.
 
+With ``--schedulers`` the same step (select + observe, after compilation, after the same history)
+is timed for the baseline schedulers too (dps, mopps, leeps_reconstruction, random; B = 64,
+K = 8, their default configs), each in its own child process on the same saved graph. Only
+EnvSched gets the NumPy-reference comparison and the targets; the default (``envsched`` alone)
+prints exactly what it printed before.
+
 Usage:
     python experiments/bench_scheduler.py
     python experiments/bench_scheduler.py --sizes 2550 --timed-steps 10
+    python experiments/bench_scheduler.py --schedulers envsched dps mopps leeps_reconstruction random
     python experiments/bench_scheduler.py --sizes 2550 --history-capacity 16
 """
 
@@ -43,6 +50,8 @@ class Args:
     """Steps timed after the history (median reported)."""
     reference_steps: int = 3
     """Steps of the NumPy reference timed at N = 2,550."""
+    schedulers: tuple[str, ...] = ("envsched",)
+    """Registered schedulers to time (envsched, dps, mopps, leeps_reconstruction, random)."""
     history_capacity: int = 48
     """EnvSchedConfig.history_capacity (observations kept per node; the main cost driver)."""
     out: Path = Path("runs/bench_scheduler.json")
@@ -124,24 +133,74 @@ def _measure(folder: str, args: Args, queue) -> None:
     queue.put(result)
 
 
+def _measure_baseline(folder: str, name: str, args: Args, queue) -> None:
+    """Time one registered baseline scheduler (default config, B = 64, K = 8) like EnvSched."""
+    import numpy as np
+
+    from envsched_jax.graph.artefact import load_graph
+    from envsched_jax.sched import make_scheduler
+
+    graph = load_graph(folder, mmap=True)
+    batch_size, group_size = 64, 8
+    t0 = time.perf_counter()
+    sched = make_scheduler(name, graph, batch_size=batch_size, group_size=group_size, seed=0)
+    setup = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+
+    def step(t):
+        ids = sched.select(t)
+        sched.observe(t, ids, _rewards(rng, batch_size, group_size))
+
+    t0 = time.perf_counter()
+    step(0)                                   # first step: trace + compile + run
+    first = time.perf_counter() - t0
+    for t in range(1, args.history):
+        step(t)
+    times = []
+    for t in range(args.history, args.history + args.timed_steps):
+        t0 = time.perf_counter()
+        step(t)
+        times.append(time.perf_counter() - t0)
+    steady = float(np.median(times))
+    queue.put({"scheduler": name, "n": graph.num_nodes, "step_ms": 1000 * steady,
+               "step_ms_min": 1000 * min(times), "compile_s": first - steady, "setup_s": setup,
+               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})
+
+
 def main(args: Args) -> None:
+    from envsched_jax.sched import registered_schedulers
+
+    unknown = sorted(set(args.schedulers) - set(registered_schedulers()))
+    if unknown:
+        raise SystemExit(f"unknown scheduler(s) {unknown}; registered: {', '.join(registered_schedulers())}")
     results = []
     targets = {2550: 10.0, 20000: 250.0}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             folder = str(Path(tmp) / f"graph_{n}")
             build_s = run_in_child(_build, n, folder)
-            r = run_in_child(_measure, folder, args)
-            r["graph_build_s"] = build_s
-            results.append(r)
-            line = (f"N={r['n']:>6}, history capacity {args.history_capacity}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
-                    f"{r['step_ms_min']:.2f}; target <= {targets.get(n, float('nan')):.0f} ms), compile "
-                    f"{r['compile_s']:.2f} s, peak RSS {r['peak_rss_gib']:.2f} GiB")
-            if "reference_step_ms" in r:
-                line += (f"; NumPy reference {r['reference_step_ms']:.0f} ms per step -> "
-                         f"{r['reference_step_ms'] / r['step_ms']:.0f}x (target >= 5x)")
-            print(line, flush=True)
-    print("paper: 34.93 s per scheduling step at N = 2,550")
+            if "envsched" in args.schedulers:
+                r = run_in_child(_measure, folder, args)
+                r["graph_build_s"] = build_s
+                results.append(r)
+                line = (f"N={r['n']:>6}, history capacity {args.history_capacity}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
+                        f"{r['step_ms_min']:.2f}; target <= {targets.get(n, float('nan')):.0f} ms), compile "
+                        f"{r['compile_s']:.2f} s, peak RSS {r['peak_rss_gib']:.2f} GiB")
+                if "reference_step_ms" in r:
+                    line += (f"; NumPy reference {r['reference_step_ms']:.0f} ms per step -> "
+                             f"{r['reference_step_ms'] / r['step_ms']:.0f}x (target >= 5x)")
+                print(line, flush=True)
+            for name in args.schedulers:
+                if name == "envsched":
+                    continue
+                r = run_in_child(_measure_baseline, folder, name, args)
+                r["graph_build_s"] = build_s
+                results.append(r)
+                print(f"N={r['n']:>6}, {name}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
+                      f"{r['step_ms_min']:.2f}), compile {r['compile_s']:.2f} s, setup {r['setup_s']:.2f} s, "
+                      f"peak RSS {r['peak_rss_gib']:.2f} GiB", flush=True)
+    if "envsched" in args.schedulers:
+        print("paper: 34.93 s per scheduling step at N = 2,550")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"figures written to {args.out}")
