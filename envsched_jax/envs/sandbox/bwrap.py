@@ -7,7 +7,7 @@ parent's terminal) and ``--die-with-parent``; an empty environment. The worker s
 itself (:mod:`envsched_jax.envs.runtime.worker`).
 
 Run as root (as CI does), bubblewrap creates the namespaces without a user namespace and the
-worker drops to ``nobody`` before it reads a request, because the kernel does not apply
+worker drops to a fresh unprivileged uid (:func:`.host.worker_uid`) before it reads a request, because the kernel does not apply
 ``RLIMIT_NPROC`` to root; run as an ordinary user, bubblewrap adds a user namespace and the
 worker keeps the caller's uid. On timeout the parent kills the whole process group (bwrap, its
 PID-namespace init and everything inside).
@@ -59,10 +59,11 @@ def bwrap_argv(limits: SandboxLimits, site_packages: tuple[str, ...], *, as_root
     for mount in mounts:
         argv += ["--ro-bind", mount.source, mount.target]
     argv += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp",
+             "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+             "--chdir", "/tmp",
              "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
              "--setenv", "LANG", "C.UTF-8", "--"]
-    argv += host.worker_argv(limits, host.SANDBOX_UID if as_root else None)
+    argv += host.worker_argv(limits, host.worker_uid() if as_root else None)
     return argv
 
 

@@ -13,8 +13,8 @@ all three. The tarball is deterministic (fixed owners and times), and the image 
 SHA-256 of its bytes (``envsched-sandbox:<hash>``), so it is built once per machine and reused;
 any change to its content gives a new tag.
 
-The container: ``--network none``, read-only root, a private size-limited tmpfs ``/tmp``, user
-``nobody``, all capabilities dropped, ``no-new-privileges``, a cgroup memory limit (the worker's
+The container: ``--network none``, read-only root, a private size-limited tmpfs ``/tmp``, a
+fresh unprivileged uid per worker (:func:`.host.worker_uid`), all capabilities dropped, ``no-new-privileges``, a cgroup memory limit (the worker's
 address-space limit plus a margin, swap equal to it), ``--cpus``, ``--pids-limit``. The worker
 sets its own rlimits as in bubblewrap. A timed-out or crashed worker's container is removed with
 force; the backend's containers carry the label ``envsched.sandbox=1``.
@@ -116,9 +116,10 @@ class DockerWorker(StreamWorker):
         for mount in host.mounts(site_packages):
             volumes[mount.source] = {"bind": mount.target, "mode": "ro"}
         memory = limits.memory_bytes + 128 * MiB
+        uid = host.worker_uid()
         self.container = client.containers.create(
             image, command=host.worker_argv(limits, None), stdin_open=True, detach=True,
-            network_mode="none", read_only=True, user=f"{host.SANDBOX_UID}:{host.SANDBOX_UID}",
+            network_mode="none", read_only=True, user=f"{uid}:{uid}",
             mem_limit=memory, memswap_limit=memory, nano_cpus=int(cpus * 1e9),
             pids_limit=limits.max_processes, cap_drop=["ALL"],
             security_opt=["no-new-privileges"], volumes=volumes,

@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,17 @@ from envsched_jax.envs.sandbox.base import SandboxLimits
 
 RUNTIME_MOUNT = "/opt/envsched/runtime"
 SITE_MOUNT = "/opt/envsched/site"
-SANDBOX_UID = 65534  # nobody
+SANDBOX_UID = 65534  # nobody: owner in the image's /etc/passwd; workers get their own uid
 DEFAULT_SITE_PACKAGES: tuple[str, ...] = ("bfcl_eval", "mpmath")
+
+
+def worker_uid() -> int:
+    """A fresh unprivileged uid for one worker (from 10^8 to 2*10^8, far above any real user).
+
+    The kernel counts ``RLIMIT_NPROC`` per uid over the whole machine, so a shared uid would let
+    one worker's fork bomb block every other worker's processes; with its own uid each worker has
+    its own process budget and cannot signal the others."""
+    return 10**8 + secrets.randbelow(10**8)
 
 
 def runtime_dir() -> Path:
