@@ -21,7 +21,6 @@ Usage:
     python experiments/bench_scheduler.py
     python experiments/bench_scheduler.py --sizes 2550 --timed-steps 10
     python experiments/bench_scheduler.py --schedulers envsched dps mopps leeps_reconstruction random
-    python experiments/bench_scheduler.py --sizes 2550 --history-capacity 16
 """
 
 from __future__ import annotations
@@ -52,8 +51,6 @@ class Args:
     """Steps of the NumPy reference timed at N = 2,550."""
     schedulers: tuple[str, ...] = ("envsched",)
     """Registered schedulers to time (envsched, dps, mopps, leeps_reconstruction, random)."""
-    history_capacity: int = 48
-    """EnvSchedConfig.history_capacity (observations kept per node; the main cost driver)."""
     out: Path = Path("runs/bench_scheduler.json")
 
 
@@ -85,7 +82,7 @@ def _measure(folder: str, args: Args, queue) -> None:
     from envsched_jax.sched import EnvSched, EnvSchedConfig
 
     graph = load_graph(folder, mmap=True)
-    config = EnvSchedConfig(history_capacity=args.history_capacity)
+    config = EnvSchedConfig()
     t0 = time.perf_counter()
     sched = EnvSched(graph, config)
     setup = time.perf_counter() - t0
@@ -119,7 +116,7 @@ def _measure(folder: str, args: Args, queue) -> None:
         from reference_envsched import RefConfig, ReferenceEnvSched
 
         ref = ReferenceEnvSched(np.asarray(graph.s_full, np.float64), np.asarray(graph.s_abs, np.float64),
-                                np.asarray(graph.env_index), RefConfig(history_capacity=args.history_capacity))
+                                np.asarray(graph.env_index), RefConfig())
         for t, (nodes, rewards) in enumerate(history[: args.history]):
             ref.observe(t, nodes, rewards)
         ref_times = []
@@ -183,7 +180,7 @@ def main(args: Args) -> None:
                 r = run_in_child(_measure, folder, args)
                 r["graph_build_s"] = build_s
                 results.append(r)
-                line = (f"N={r['n']:>6}, history capacity {args.history_capacity}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
+                line = (f"N={r['n']:>6}: step {r['step_ms']:.2f} ms (median of {args.timed_steps}; min "
                         f"{r['step_ms_min']:.2f}; target <= {targets.get(n, float('nan')):.0f} ms), compile "
                         f"{r['compile_s']:.2f} s, peak RSS {r['peak_rss_gib']:.2f} GiB")
                 if "reference_step_ms" in r:

@@ -71,7 +71,6 @@ class RefConfig:
     cap_step: int = 4
     cap_window: int = 11
     cap_consecutive: int = 2
-    history_capacity: int = 48
     step_capacity: int = 128
     ridge_lambda: float = 1.0
     progress_min_transitions: int = 3
@@ -150,9 +149,8 @@ class ReferenceEnvSched:
         return t - self.config.step_capacity <= s < t
 
     def usable(self, i: int, t: int) -> list[Observation]:
-        """i's last `history_capacity` observations with steps in the window, oldest first."""
-        kept = self.obs[i][-self.config.history_capacity :]
-        return [o for o in kept if self._in_window(o.step, t)]
+        """i's observations with steps in the window, oldest first."""
+        return [o for o in self.obs[i] if self._in_window(o.step, t)]
 
     def _observed(self, i: int, t: int) -> bool:
         return any(o.step < t for o in self.obs[i])

@@ -472,19 +472,19 @@ def test_neighbour_ties_break_by_lower_index_and_truncate():
 def test_truncation_windows():
     env = np.array([0, 0])
     s = np.array([[1.0, 0.5], [0.5, 1.0]])
-    cfg = RefConfig(history_capacity=3, step_capacity=4)
+    cfg = RefConfig(step_capacity=4)
     ref = ReferenceEnvSched(s, s, env, cfg)
     # node 0 observed at steps 0..5, node 1 at steps 0, 1 only
     for t in range(6):
         nodes = [0, 1] if t < 2 else [0]
         ref.observe(t, nodes, np.full((len(nodes), 2), 0.5))
     d = ref.details(6)
-    # node 0: last 3 observations (steps 3, 4, 5), all within [2, 6)
-    assert d["W"][8.0][0] == pytest.approx(sum(2 ** (-(6 - s) / 8) for s in (3, 4, 5)), abs=ABS)
+    # node 0: the observations within [2, 6), steps 2, 3, 4, 5
+    assert d["W"][8.0][0] == pytest.approx(sum(2 ** (-(6 - s) / 8) for s in (2, 3, 4, 5)), abs=ABS)
     # node 1: observations at steps 0, 1 are outside the window [2, 6): W = 0, but still "observed"
     assert d["W"][8.0][1] == 0.0
     assert list(d["nbr_in"][0][:1]) == [1]
-    assert [o.step for o in ref.usable(0, 6)] == [3, 4, 5]
+    assert [o.step for o in ref.usable(0, 6)] == [2, 3, 4, 5]
 
 
 # =============================================================================================

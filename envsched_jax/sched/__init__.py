@@ -17,10 +17,10 @@ For a node observed at step s with rewards r_1..r_K (each in [0, 1]):
 m = mean r; v = population variance (1/K) sum (r - m)^2; d = clip(v / max(m (1 - m), 0.01), 0, 1).
 Step mean b[y, s] (y in {v, m, d}) = mean of y over the nodes observed at step s.
 
-CHOICE (bounded history): each node keeps only its `history_capacity` = 48 most recent
-observations (kept oldest first); only observations and step means from the last
-`step_capacity` = 128 steps are used (steps s with t - 128 <= s < t). A node can be selected in at most 2 of every 3 steps (Ctask = 2),
-so its 48th most recent observation is at least 71 steps old: weight <= 2^-8.9 at h = 8.
+CHOICE (bounded history): only observations and step means from the last `step_capacity` = 128
+steps are used (steps s with t - 128 <= s < t); within that window every observation of a node
+counts. An observation 128 steps old would weigh 2^-16 at h = 8, so the truncation is negligible.
+(The implementation keeps a step-major ring of S x B observations: O(S B), independent of N.)
 
 ## Half-life weighting and centering (per half-life h in {h_long = 8, h_short = 2})
 w(h)[t, s] = 2^(-(t - s)/h).

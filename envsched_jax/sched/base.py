@@ -19,6 +19,7 @@ exactly as it was.
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,13 +110,13 @@ class Scheduler(abc.ABC):
         """Record the rewards [B, K] of the tasks selected at ``step``."""
         nodes, rewards = self._validate_observation(step, task_ids, rewards)
         self._observe(step, nodes, rewards)
-        m = rewards.mean(axis=1)
+        # Per pick, in the order of the selected batch: population variance and mean reward.
+        row_of = np.empty(self.num_nodes, np.int64)
+        row_of[nodes] = np.arange(len(nodes))
+        rows = row_of[self._pending[1]]
         metric = self._metrics[-1]
-        order = {int(n): k for k, n in enumerate(nodes)}
-        pending_nodes = self._pending[1]
-        metric.realised_variance = [float(((rewards[order[int(n)]] - m[order[int(n)]]) ** 2).mean())
-                                    for n in pending_nodes]
-        metric.mean_reward = [float(m[order[int(n)]]) for n in pending_nodes]
+        metric.realised_variance = rewards.var(axis=1)[rows].tolist()
+        metric.mean_reward = rewards.mean(axis=1)[rows].tolist()
         self._pending = None
         self._next_step = step + 1
 
@@ -167,7 +168,7 @@ class Scheduler(abc.ABC):
         unknown = [t for t in ids if t not in self._index]
         if unknown:
             raise SchedulerInputError(f"observe({step}): unknown task id(s) {unknown[:5]}")
-        repeated = sorted({t for t in ids if ids.count(t) > 1})
+        repeated = sorted(t for t, c in collections.Counter(ids).items() if c > 1)
         if repeated:
             raise SchedulerInputError(f"observe({step}): repeated task id(s) {repeated[:5]}")
         nodes = np.array([self._index[t] for t in ids], np.int64)

@@ -40,10 +40,9 @@ class EnvSchedConfig:
     """C3: most selections of one environment over the current and two previous steps."""
     cap_consecutive: int = 2
     """Ctask: a pair is not picked in more than this many consecutive steps."""
-    history_capacity: int = 48
-    """Observations kept per node (older ones weigh <= 2^-8.9 at h_long = 8; see sched docs)."""
     step_capacity: int = 128
-    """Steps of history used for step references (older steps weigh <= 2^-16 at h_long = 8)."""
+    """S: steps of history kept (every observation and step mean of steps t - S .. t - 1; older
+    ones would weigh <= 2^-16 at h_long = 8). The history costs O(S B) memory and time."""
     ridge_lambda: float = 1.0
     """Ridge penalty of the progress filter (the paper gives none; our choice)."""
     progress_min_transitions: int = 3
@@ -55,7 +54,7 @@ class EnvSchedConfig:
     """Floating-point type of the estimation kernels (float64 needs jax_enable_x64)."""
 
     def __post_init__(self):
-        positive = ("batch_size", "group_size", "history_capacity", "step_capacity", "cap_step",
+        positive = ("batch_size", "group_size", "step_capacity", "cap_step",
                     "cap_window", "cap_consecutive")
         for name in positive:
             if getattr(self, name) < 1:

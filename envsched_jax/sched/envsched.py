@@ -26,12 +26,15 @@ def _score_and_select(state, s_full, env_index, *, config, num_envs):
     scores = K.score_pass(state, config)
     progress = K.progress_filter(state, env_index, num_envs, config)
     selection = K.select_batch(state, scores.q, progress.excluded, s_full, env_index, config)
-    return scores, progress, selection
+    predicted = scores.long.yhat[jnp.maximum(selection.batch, 0), K.V]
+    return scores, progress, selection, predicted
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, *, config):
+def _observe_update(state, batch, rewards, s_full, s_abs_rows, env_index, *, config):
+    """``batch``: ascending node indices (-1 padding allowed); ``s_abs_rows``: their S_abs rows."""
     TRACES["observe"] += 1
+    s_full_rows = s_full[jnp.maximum(batch, 0)]
     return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config)
 
 
@@ -147,31 +150,30 @@ class EnvSched(Scheduler):
                                       self.batch_size, np.asarray(self.state.excluded),
                                       self.config.infeasible == "relax", self.config.cap_step)
             return nodes, ["cold"] * len(nodes), None, relax
-        scores, progress, sel = self._step_fn(self.state, self._s_full, self._env)
-        feasible = np.asarray(sel.feasible)
+        scores, progress, sel, predicted = self._step_fn(self.state, self._s_full, self._env)
+        # One transfer for everything the host needs.
+        nodes, phase, relaxed, feasible, predicted = jax.device_get(
+            (sel.batch, sel.phase, sel.relaxed, sel.feasible, predicted))
         if not feasible.all():
             k = int(np.argmin(feasible))
-            phase = "coverage" if k < self.config.num_coverage else "exploitation"
+            kind = "coverage" if k < self.config.num_coverage else "exploitation"
             raise SchedulingError(
-                f"step {step}: no eligible task for pick {k + 1} of {self.batch_size} ({phase} phase) under "
+                f"step {step}: no eligible task for pick {k + 1} of {self.batch_size} ({kind} phase) under "
                 f"the caps C1={self.config.cap_step}, C3={self.config.cap_window}, "
                 f"Ctask={self.config.cap_consecutive}"
                 + ("" if self.config.infeasible == "relax" else "; set infeasible='relax' to relax them"))
         self.last_scores, self.last_progress = scores, progress
-        nodes = np.asarray(sel.batch)
-        phases = ["coverage" if p == 1 else "exploitation" for p in np.asarray(sel.phase)]
-        relaxed = [f"pick {k + 1}: {K.RELAXATIONS[lvl]}" for k, lvl in enumerate(np.asarray(sel.relaxed)) if lvl]
-        predicted = np.asarray(scores.long.yhat[:, K.V])[nodes].astype(float).tolist()
-        return nodes, phases, predicted, relaxed
+        phases = ["coverage" if p == 1 else "exploitation" for p in phase.tolist()]
+        relaxations = [f"pick {k + 1}: {K.RELAXATIONS[lvl]}" for k, lvl in enumerate(relaxed.tolist()) if lvl]
+        return nodes, phases, predicted.astype(float).tolist(), relaxations
 
     def _observe(self, step, nodes, rewards):
-        s_abs_rows = jnp.asarray(np.asarray(self._s_abs[np.sort(nodes)]))
         order = np.argsort(nodes, kind="stable")
         sorted_nodes = nodes[order]
-        dtype = jnp.dtype(self.config.dtype)
-        self.state = self._observe_fn(
-            self.state, jnp.asarray(sorted_nodes, jnp.int32), jnp.asarray(rewards[order], dtype),
-            self._s_full[jnp.asarray(sorted_nodes)], s_abs_rows, self._env)
+        s_abs_rows = np.asarray(self._s_abs[sorted_nodes])   # ascending rows: a cheap mmap read
+        self.state = self._observe_fn(self.state, sorted_nodes.astype(np.int32),
+                                      rewards[order].astype(self.config.dtype), self._s_full, s_abs_rows,
+                                      self._env)
 
     def _state_arrays(self):
         return {f.name: np.asarray(getattr(self.state, f.name)) for f in dataclasses.fields(self.state)}

@@ -1,8 +1,7 @@
 """EnvSched's jit-compiled kernels: pure functions over an immutable state pytree.
 
-Shapes: N nodes, E environments, L = history_capacity, S = step_capacity, B batch size, K group
-size, Kw / Kc within / cross neighbours. Index suffixes: ``_i`` node, ``_e`` environment, ``_l``
-log slot, ``_s`` step slot. Every equation follows the package docstring of
+Shapes: N nodes, E environments, S = step_capacity, B batch size, K group size, Kw / Kc within /
+cross neighbours; "observations" are the [S, B] entries of the step-major ring. Every equation follows the package docstring of
 :mod:`envsched_jax.sched`; the NumPy reference in ``tests/reference_envsched.py`` is tested against
 these kernels.
 """
@@ -23,16 +22,25 @@ _UPPER = (0.25, 1.0, 1.0)
 
 @struct.dataclass
 class EnvSchedState:
-    """Everything EnvSched remembers. Fixed shapes; updated only by returning a new state."""
+    """Everything EnvSched remembers. Fixed shapes; updated only by returning a new state.
+
+    Observations live in a step-major ring: slot ``s % S`` holds the B observations of step s, so
+    the history costs O(S B) whatever N is, and every node keeps all of its observations from the
+    last S steps. Each observation also records where the same node's previous observation is
+    (its step and position), which the progress filter's transitions need."""
 
     step: jax.Array            # [] int32: the next step to select
     key: jax.Array             # [2] uint32: PRNG key (EnvSched is deterministic; kept for the API)
-    log_step: jax.Array        # [N, L] int32: step of each logged observation (oldest first), -1 = empty
-    log_y: jax.Array           # [N, L, 3] float: (v, m, d) of each logged observation
-    log_b: jax.Array           # [N, L, 3] float: the step means b[y, s] of each observation's step
-    num_obs: jax.Array         # [N] int32: observations ever made of each node
-    step_ids: jax.Array        # [S] int32: step held by each step slot (slot = step % S), -1 = empty
+    step_ids: jax.Array        # [S] int32: step held by each ring slot (slot = step % S), -1 = empty
     step_means: jax.Array      # [S, 3] float: step means b[y, s]
+    obs_node: jax.Array        # [S, B] int32: node of each observation, -1 = empty
+    obs_y: jax.Array           # [S, B, 3] float: (v, m, d) of each observation
+    obs_ord: jax.Array         # [S, B] int32: the node's observation ordinal (0 = its first ever)
+    obs_prev_step: jax.Array   # [S, B] int32: step of the node's previous observation, -1 = none
+    obs_prev_pos: jax.Array    # [S, B] int32: its position within that step's slot
+    last_step: jax.Array       # [N] int32: step of each node's latest observation, -1 = none
+    last_pos: jax.Array        # [N] int32: its position within that step's slot
+    num_obs: jax.Array         # [N] int32: observations ever made of each node
     nbr_in: jax.Array          # [N, Kw] int32: within-environment neighbours among observed nodes
     nbr_in_sim: jax.Array      # [N, Kw] float: their S_full similarities
     nbr_cross: jax.Array       # [N, Kc] int32: cross-environment neighbours among observed nodes
@@ -46,15 +54,15 @@ class EnvSchedState:
 
 def init_state(num_nodes: int, num_envs: int, config, key: jax.Array) -> EnvSchedState:
     dtype = jnp.dtype(config.dtype)
-    n, e = num_nodes, num_envs
+    n, e, s, b = num_nodes, num_envs, config.step_capacity, config.batch_size
     return EnvSchedState(
         step=jnp.zeros((), jnp.int32), key=key,
-        log_step=jnp.full((n, config.history_capacity), -1, jnp.int32),
-        log_y=jnp.zeros((n, config.history_capacity, 3), dtype),
-        log_b=jnp.zeros((n, config.history_capacity, 3), dtype),
+        step_ids=jnp.full((s,), -1, jnp.int32), step_means=jnp.zeros((s, 3), dtype),
+        obs_node=jnp.full((s, b), -1, jnp.int32), obs_y=jnp.zeros((s, b, 3), dtype),
+        obs_ord=jnp.zeros((s, b), jnp.int32), obs_prev_step=jnp.full((s, b), -1, jnp.int32),
+        obs_prev_pos=jnp.zeros((s, b), jnp.int32),
+        last_step=jnp.full((n,), -1, jnp.int32), last_pos=jnp.zeros((n,), jnp.int32),
         num_obs=jnp.zeros((n,), jnp.int32),
-        step_ids=jnp.full((config.step_capacity,), -1, jnp.int32),
-        step_means=jnp.zeros((config.step_capacity, 3), dtype),
         nbr_in=jnp.full((n, config.k_within), -1, jnp.int32),
         nbr_in_sim=jnp.zeros((n, config.k_within), dtype),
         nbr_cross=jnp.full((n, config.k_cross), -1, jnp.int32),
@@ -135,12 +143,15 @@ class HalfLifeEstimate(NamedTuple):
 
 
 def _usable(state: EnvSchedState, t: jax.Array, step_capacity: int) -> tuple[jax.Array, jax.Array]:
-    """Masks of usable log entries [N, L] and step slots [S]: steps in [t - S, t) whose step
-    mean is still held."""
+    """Masks of usable observations [S, B] and step slots [S]: steps in [t - S, t)."""
     slot_ok = (state.step_ids >= 0) & (state.step_ids < t) & (state.step_ids >= t - step_capacity)
-    # Steps are strictly sequential, so the step ring holds exactly the steps in [t - S, t).
-    log_ok = (state.log_step >= 0) & (state.log_step >= t - step_capacity)
-    return log_ok, slot_ok
+    return slot_ok[:, None] & (state.obs_node >= 0), slot_ok
+
+
+def _node_sum(values: jax.Array, nodes: jax.Array, num_nodes: int) -> jax.Array:
+    """Sum [S, B, ...] observation values into their nodes (entries with node -1 must be 0)."""
+    flat = values.reshape((-1,) + values.shape[2:])
+    return jax.ops.segment_sum(flat, jnp.maximum(nodes, 0).reshape(-1), num_nodes)
 
 
 def neighbour_bandwidth(sim: jax.Array, valid: jax.Array) -> jax.Array:
@@ -178,19 +189,19 @@ def relation_estimate(nbr: jax.Array, sim: jax.Array, sigma: jax.Array, W: jax.A
 def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: jax.Array,
                        sigma_cross: jax.Array, config) -> HalfLifeEstimate:
     """Centering, node histories, relation estimates, fusion, posterior and calibrated u(h)."""
-    dtype = state.log_y.dtype
-    log_ok, slot_ok = _usable(state, t, config.step_capacity)
-    age_s = (t - state.step_ids).astype(dtype)
-    w_s = jnp.where(slot_ok, jnp.exp2(-age_s / h), 0.0)
+    dtype = state.obs_y.dtype
+    n = state.num_obs.shape[0]
+    obs_ok, slot_ok = _usable(state, t, config.step_capacity)
+    w_s = jnp.where(slot_ok, jnp.exp2(-(t - state.step_ids).astype(dtype) / h), 0.0)
     bhat = (w_s[:, None] * state.step_means).sum(0) / jnp.maximum(w_s.sum(), 1e-30)
 
     lower = jnp.asarray(_LOWER, dtype)
     upper = jnp.asarray(_UPPER, dtype)
-    ytilde = jnp.clip(state.log_y - state.log_b + bhat, lower, upper)       # [N, L, 3]
-    w_l = jnp.where(log_ok, jnp.exp2(-(t - state.log_step).astype(dtype) / h), 0.0)
-    W = w_l.sum(axis=1)
+    ytilde = jnp.clip(state.obs_y - state.step_means[:, None, :] + bhat, lower, upper)  # [S, B, 3]
+    w_o = jnp.where(obs_ok, w_s[:, None], 0.0)                                         # [S, B]
+    W = _node_sum(w_o, state.obs_node, n)
     ybar = jnp.where(W[:, None] > 0,
-                     (w_l[..., None] * ytilde).sum(axis=1) / jnp.maximum(W, 1e-30)[:, None],
+                     _node_sum(w_o[..., None] * ytilde, state.obs_node, n) / jnp.maximum(W, 1e-30)[:, None],
                      bhat[None, :])
 
     G_in = relation_estimate(state.nbr_in, state.nbr_in_sim, sigma_in, W, ybar, bhat, config.lambda_g)
@@ -257,16 +268,29 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     """Ridge regression of the next mean reward on (m, m^2, v, step, count, environment), fitted on
     the transitions between consecutive usable observations; a node's mean residual is shrunk
     toward environment and neighbour references as in eq. 4; nodes with enough transitions and a
-    non-positive estimate leave the exploitation candidates."""
-    dtype = state.log_y.dtype
-    ok, _ = _usable(state, state.step, config.step_capacity)
-    steps, y = state.log_step, state.log_y      # chronological: oldest first, empty slots last
-    pair = ok[:, :-1] & ok[:, 1:]                                     # [N, L-1]
-    count = jnp.cumsum(ok, axis=1)[:, :-1].astype(dtype)              # usable observations up to s1
-    m1, v1 = y[:, :-1, M], y[:, :-1, V]
-    # Features first ([5, N, L-1]): every reduction below runs along the minor axes.
-    x = jnp.stack([m1, m1 ** 2, v1, steps[:, :-1].astype(dtype), count])
-    target = y[:, 1:, M]
+    non-positive estimate leave the exploitation candidates.
+
+    A transition is indexed by its later observation (an entry of the ring) and reads the earlier
+    one through the recorded previous-observation pointer; both must be usable."""
+    dtype = state.obs_y.dtype
+    n = state.num_obs.shape[0]
+    cap = config.step_capacity
+    t = state.step
+    ok, _ = _usable(state, t, cap)                                          # [S, B]
+    node = jnp.maximum(state.obs_node, 0)
+    prev_step = state.obs_prev_step
+    pair = ok & (prev_step >= 0) & (prev_step >= t - cap)
+    prev_slot = jnp.maximum(prev_step, 0) % cap
+    y1 = state.obs_y[prev_slot, state.obs_prev_pos]                         # [S, B, 3]
+    prev_ord = state.obs_ord[prev_slot, state.obs_prev_pos]
+    # n1 = usable observations of the node up to and including the earlier one.
+    first_ord = jax.ops.segment_min(jnp.where(ok, state.obs_ord, jnp.iinfo(jnp.int32).max).reshape(-1),
+                                    node.reshape(-1), n)
+    count = (prev_ord - first_ord[node] + 1).astype(dtype)
+    m1, v1 = y1[..., M], y1[..., V]
+    # Features first ([5, S, B]): every reduction below runs along the minor axes.
+    x = jnp.stack([m1, m1 ** 2, v1, prev_step.astype(dtype), count])
+    target = state.obs_y[..., M]
     w = pair.astype(dtype)
     total = jnp.maximum(w.sum(), 1.0)
     mean = (w * x).sum((1, 2)) / total
@@ -280,27 +304,28 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     xs = jnp.where(constant, 0.0, (x - mean[:, None, None]) / jnp.where(constant, 1.0, std[:, None, None]))
     ybar = (w * target).sum() / total
     yc = target - ybar
+    env_o = env_index[node].reshape(-1)                                     # [S B]
 
     # Ridge on [xs, onehot(env)] with penalty lam on every coefficient, solved through the Schur
     # complement of the (diagonal) environment block: O(transitions + E) instead of O(E^3).
-    # Environment sums go node sums first, so the scatter runs over N rows, not N x L.
     lam = config.ridge_lambda
-    wxs = (w * xs).reshape(5, -1)                                         # [5, N (L-1)]
+    wxs = (w * xs).reshape(5, -1)                                           # [5, S B]
     a11 = wxs @ xs.reshape(5, -1).T + lam * jnp.eye(5, dtype=dtype)
-    s_e = jax.ops.segment_sum((w * xs).sum(axis=2).T, env_index, num_envs)   # [E, 5]
-    n_e = jax.ops.segment_sum(w.sum(axis=1), env_index, num_envs)            # [E]
+    s_e = jax.ops.segment_sum(wxs.T, env_o, num_envs)                       # [E, 5]
+    n_e = jax.ops.segment_sum(w.reshape(-1), env_o, num_envs)               # [E]
     b1 = wxs @ yc.reshape(-1)
-    b2 = jax.ops.segment_sum((w * yc).sum(axis=1), env_index, num_envs)
+    wyc = (w * yc).reshape(-1)
+    b2 = jax.ops.segment_sum(wyc, env_o, num_envs)
     inv = 1.0 / (n_e + lam)
     schur = a11 - (s_e * inv[:, None]).T @ s_e
     beta = _spd_solve(schur, b1 - s_e.T @ (b2 * inv))
     gamma = (b2 - s_e @ beta) * inv
-    resid = jnp.where(pair, yc - jnp.tensordot(beta, xs, axes=1) - gamma[env_index][:, None], 0.0)
+    resid = jnp.where(pair, yc - jnp.tensordot(beta, xs, axes=1) - gamma[env_o].reshape(yc.shape), 0.0)
 
-    n_i = pair.sum(axis=1)
-    rbar = resid.sum(axis=1) / jnp.maximum(n_i, 1)
-    r_env = jax.ops.segment_sum(resid.sum(axis=1), env_index, num_envs) / jnp.maximum(
-        jax.ops.segment_sum(n_i, env_index, num_envs), 1)
+    n_i = _node_sum(pair.astype(jnp.int32), state.obs_node, n)
+    rbar = _node_sum(resid, state.obs_node, n) / jnp.maximum(n_i, 1)
+    r_env = jax.ops.segment_sum(resid.reshape(-1), env_o, num_envs) / jnp.maximum(
+        jax.ops.segment_sum(pair.reshape(-1).astype(jnp.int32), env_o, num_envs), 1)
     nbrs = jnp.concatenate([state.nbr_in, state.nbr_cross], axis=1)
     nb_ok = (nbrs >= 0) & (n_i[jnp.maximum(nbrs, 0)] > 0)
     r_nb = (jnp.where(nb_ok, rbar[jnp.maximum(nbrs, 0)], 0.0).sum(1)
@@ -388,86 +413,81 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
 # Observe: logs, step means, neighbour lists, counts
 
 
-def _precedes(sim_a, idx_a, ok_a, sim_b, idx_b, ok_b):
-    """Whether b comes before a in the order (valid first, similarity desc, index asc)."""
-    return ok_b & (~ok_a | (sim_b > sim_a) | ((sim_b == sim_a) & (idx_b < idx_a)))
+def _insert(nbr: jax.Array, sim: jax.Array, cand: jax.Array, cand_sim: jax.Array,
+            ok: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Insert node ``cand`` into every row's neighbour list where ``ok`` [N].
 
-
-def _merge_topk(nbr: jax.Array, sim: jax.Array, cand: jax.Array, cand_sim: jax.Array,
-                cand_ok: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Merge candidate columns into each row's top list, ordered by (similarity desc, index asc).
-
-    ``cand`` holds the same ascending node indices in every row, so ``lax.top_k`` (ties -> lower
-    position) picks the candidates' own top list in exactly that order; the two sorted lists of
-    width k are then merged by counting, for each entry, the entries of the other list that come
-    before it (O(N k^2), no general sort)."""
-    n, k = nbr.shape
+    Rows are kept in the order (similarity desc, index asc), valid entries first; ``cand_sim`` [N]
+    is each row's similarity to ``cand``. The list is truncated to its width, so inserting a set of
+    candidates one at a time, in any order, leaves each row's top entries of the union."""
+    k = nbr.shape[1]
     if k == 0:
         return nbr, sim
-    neg = jnp.asarray(-jnp.inf, sim.dtype)
-    top_sim, pos = jax.lax.top_k(jnp.where(cand_ok, cand_sim, neg), min(k, cand.shape[1]))
-    c_idx = jnp.take_along_axis(cand, pos, axis=1)
-    c_ok = jnp.take_along_axis(cand_ok, pos, axis=1)
-    e_ok = nbr >= 0
-    # rank of each existing entry: its position + candidates before it; and vice versa.
-    before_e = _precedes(sim[:, :, None], nbr[:, :, None], e_ok[:, :, None],
-                         top_sim[:, None, :], c_idx[:, None, :], c_ok[:, None, :]).sum(-1)
-    before_c = _precedes(top_sim[:, :, None], c_idx[:, :, None], c_ok[:, :, None],
-                         sim[:, None, :], nbr[:, None, :], e_ok[:, None, :]).sum(-1)
-    rank_e = jnp.where(e_ok, jnp.arange(k)[None, :] + before_e, k)
-    rank_c = jnp.where(c_ok, jnp.arange(c_idx.shape[1])[None, :] + before_c, k)
-    rows = jnp.arange(n)[:, None]
-    out_idx = jnp.full((n, k), -1, jnp.int32)
-    out_sim = jnp.zeros((n, k), sim.dtype)
-    out_idx = out_idx.at[rows, rank_e].set(nbr, mode="drop").at[rows, rank_c].set(c_idx, mode="drop")
-    out_sim = out_sim.at[rows, rank_e].set(sim, mode="drop").at[rows, rank_c].set(top_sim, mode="drop")
-    return out_idx, out_sim
+    s = cand_sim[:, None]
+    before = (nbr >= 0) & ((sim > s) | ((sim == s) & (nbr < cand)))   # entries that stay in front
+    pos = before.sum(axis=1, keepdims=True)                              # [N, 1] insertion point
+    j = jnp.arange(k)[None, :]
+    take = ok[:, None] & (pos < k)
+    prev_idx = jnp.concatenate([jnp.full_like(nbr[:, :1], -1), nbr[:, :-1]], axis=1)
+    prev_sim = jnp.concatenate([jnp.zeros_like(sim[:, :1]), sim[:, :-1]], axis=1)
+    new_idx = jnp.where(j < pos, nbr, jnp.where(j == pos, cand, prev_idx))
+    new_sim = jnp.where(j < pos, sim, jnp.where(j == pos, s, prev_sim))
+    return jnp.where(take, new_idx, nbr), jnp.where(take, new_sim, sim)
 
 
 def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s_full_rows: jax.Array,
                    s_abs_rows: jax.Array, env_index: jax.Array, config) -> EnvSchedState:
     """Record step ``state.step``'s observed groups and advance to the next step.
 
-    ``s_full_rows`` / ``s_abs_rows`` are the [B, N] similarity rows of the batch (the matrices are
-    symmetric, so they are also its columns), gathered by the caller."""
-    dtype = state.log_y.dtype
+    ``batch`` [B] holds ascending node indices, optionally followed by -1 padding (rows that are
+    ignored; the scheduler always passes a full batch, tests pass smaller ones). ``s_full_rows`` /
+    ``s_abs_rows`` are the [B, N] similarity rows of the batch (the matrices are symmetric, so they
+    are also its columns), gathered by the caller."""
+    dtype = state.obs_y.dtype
     t = state.step
     n = state.num_obs.shape[0]
+    valid = batch >= 0
+    node = jnp.maximum(batch, 0)
+    drop = jnp.where(valid, batch, n)            # scatters with mode="drop" skip the padding
     stats = group_stats(rewards.astype(dtype))                                   # [B, 3]
-    # Each node's log stays in chronological order (oldest first): a full row shifts left by one
-    # before the new observation goes into its last slot.
-    cap = config.history_capacity
-    full = state.num_obs[batch] >= cap
-    pos = jnp.minimum(state.num_obs[batch], cap - 1)
-    rows = jnp.arange(batch.shape[0])
-    row_step = jnp.where(full[:, None], jnp.roll(state.log_step[batch], -1, axis=1), state.log_step[batch])
-    row_y = jnp.where(full[:, None, None], jnp.roll(state.log_y[batch], -1, axis=1), state.log_y[batch])
-    row_b = jnp.where(full[:, None, None], jnp.roll(state.log_b[batch], -1, axis=1), state.log_b[batch])
-    b_t = stats.mean(axis=0)
-    log_step = state.log_step.at[batch].set(row_step.at[rows, pos].set(t))
-    log_y = state.log_y.at[batch].set(row_y.at[rows, pos].set(stats))
-    log_b = state.log_b.at[batch].set(row_b.at[rows, pos].set(b_t))
-    s_slot = t % config.step_capacity
-    step_ids = state.step_ids.at[s_slot].set(t)
-    step_means = state.step_means.at[s_slot].set(b_t)
+    b_t = jnp.where(valid[:, None], stats, 0.0).sum(0) / jnp.maximum(valid.sum(), 1)
+    num_obs_b = jnp.where(valid, state.num_obs[node], 0)
+    slot = t % config.step_capacity
+    positions = jnp.arange(batch.shape[0], dtype=jnp.int32)
+    ring = dict(
+        step_ids=state.step_ids.at[slot].set(t), step_means=state.step_means.at[slot].set(b_t),
+        obs_node=state.obs_node.at[slot].set(jnp.where(valid, batch, -1)),
+        obs_y=state.obs_y.at[slot].set(stats), obs_ord=state.obs_ord.at[slot].set(num_obs_b),
+        obs_prev_step=state.obs_prev_step.at[slot].set(jnp.where(valid, state.last_step[node], -1)),
+        obs_prev_pos=state.obs_prev_pos.at[slot].set(state.last_pos[node]),
+        last_step=state.last_step.at[drop].set(t, mode="drop"),
+        last_pos=state.last_pos.at[drop].set(positions, mode="drop"))
 
-    # Nodes observed for the first time join every other node's neighbour candidates.
-    new = state.num_obs[batch] == 0                                              # [B]
-    num_obs = state.num_obs.at[batch].add(1)
+    # Nodes observed for the first time join every other node's neighbour candidates. They are
+    # inserted one at a time (a loop over the step's new nodes only, usually far fewer than B);
+    # each insertion is one vectorised pass over the [N, K] lists.
+    new = valid & (num_obs_b == 0)                                               # [B]
+    num_obs = state.num_obs.at[drop].add(1, mode="drop")
+    env_b = jnp.where(valid, env_index[node], -1)
+    first = jnp.argsort(~new, stable=True)                                       # new nodes first
     ids = jnp.arange(n)
-    same_env = env_index[batch][None, :] == env_index[:, None]                   # [N, B]
-    not_self = batch[None, :] != ids[:, None]
-    cand = jnp.broadcast_to(batch[None, :], (n, batch.shape[0]))
-    nbr_in, nbr_in_sim = _merge_topk(state.nbr_in, state.nbr_in_sim, cand,
-                                     s_full_rows.T.astype(dtype), new[None, :] & same_env & not_self)
-    nbr_cross, nbr_cross_sim = _merge_topk(state.nbr_cross, state.nbr_cross_sim, cand,
-                                           s_abs_rows.T.astype(dtype), new[None, :] & ~same_env)
 
-    picked = jnp.zeros((n,), bool).at[batch].set(True)
-    env_now = jax.ops.segment_sum(jnp.ones_like(batch), env_index[batch], state.env_total.shape[0])
+    def add(k, lists):
+        nbr_in, nbr_in_sim, nbr_cross, nbr_cross_sim = lists
+        b = first[k]
+        c, e = batch[b], env_b[b]
+        same = env_index == e
+        nbr_in, nbr_in_sim = _insert(nbr_in, nbr_in_sim, c, s_full_rows[b].astype(dtype), same & (ids != c))
+        nbr_cross, nbr_cross_sim = _insert(nbr_cross, nbr_cross_sim, c, s_abs_rows[b].astype(dtype), ~same)
+        return nbr_in, nbr_in_sim, nbr_cross, nbr_cross_sim
+
+    nbr_in, nbr_in_sim, nbr_cross, nbr_cross_sim = jax.lax.fori_loop(
+        0, new.sum(), add, (state.nbr_in, state.nbr_in_sim, state.nbr_cross, state.nbr_cross_sim))
+
+    picked = jnp.zeros((n,), bool).at[drop].set(True, mode="drop")
+    env_now = jax.ops.segment_sum(valid.astype(jnp.int32), jnp.maximum(env_b, 0), state.env_total.shape[0])
     return state.replace(
-        step=t + 1, log_step=log_step, log_y=log_y, log_b=log_b, num_obs=num_obs, step_ids=step_ids,
-        step_means=step_means, nbr_in=nbr_in, nbr_in_sim=nbr_in_sim, nbr_cross=nbr_cross,
+        step=t + 1, num_obs=num_obs, **ring, nbr_in=nbr_in, nbr_in_sim=nbr_in_sim, nbr_cross=nbr_cross,
         nbr_cross_sim=nbr_cross_sim, sel_count=state.sel_count + picked,
         env_total=state.env_total + env_now, env_recent=jnp.stack([env_now, state.env_recent[0]]),
         run=jnp.where(picked, state.run + 1, 0))
