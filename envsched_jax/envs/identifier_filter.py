@@ -49,7 +49,7 @@ from envsched_jax.envs.replay import REPLAY_TOLERANCE, replay_actions
 from envsched_jax.envs.runtime.core import CHAT_WITH_USER
 from envsched_jax.envs.sandbox.base import WorkerPool
 from envsched_jax.envs.trajectory import Trajectory
-from envsched_jax.pool.model import Action, Pool, Task
+from envsched_jax.pool.model import Pool, Task
 
 _ID_PARAM = re.compile(r"(^|_)(id|ids|key|code|number|no)$", re.IGNORECASE)
 _NATURAL_KEY = re.compile(r"(^|_)(name|title|email|username|subject|label)$", re.IGNORECASE)
@@ -276,7 +276,3 @@ def identifier_filter(trajectories: Sequence[Trajectory], tasks: Pool, workers: 
     order = {t.task_id: k for k, t in enumerate(tasks.tasks)}
     return FilterReport(examined, tuple(suspicions), tuple(mismatches),
                         tuple(sorted(filtered, key=order.__getitem__)))
-
-
-def actions_of(trajectory: Trajectory) -> tuple[Action, ...]:
-    return trajectory.action_records()

@@ -7,9 +7,9 @@ parent's terminal) and ``--die-with-parent``; an empty environment. The worker s
 itself (:mod:`envsched_jax.envs.runtime.worker`).
 
 Run as root (as CI does), bubblewrap creates the namespaces without a user namespace and the
-worker drops to a fresh unprivileged uid (:func:`.host.worker_uid`) before it reads a request, because the kernel does not apply
-``RLIMIT_NPROC`` to root; run as an ordinary user, bubblewrap adds a user namespace and the
-worker keeps the caller's uid. On timeout the parent kills the whole process group (bwrap, its
+worker drops to a fresh unprivileged uid (:func:`.host.worker_uid`) before it reads a request,
+because the kernel does not apply ``RLIMIT_NPROC`` to root; run as an ordinary user, bubblewrap
+adds a user namespace and the worker keeps the caller's uid. On timeout the parent kills the whole process group (bwrap, its
 PID-namespace init and everything inside).
 """
 

@@ -14,8 +14,9 @@ SHA-256 of its bytes (``envsched-sandbox:<hash>``), so it is built once per mach
 any change to its content gives a new tag.
 
 The container: ``--network none``, read-only root, a private size-limited tmpfs ``/tmp``, a
-fresh unprivileged uid per worker (:func:`.host.worker_uid`), all capabilities dropped, ``no-new-privileges``, a cgroup memory limit (the worker's
-address-space limit plus a margin, swap equal to it), ``--cpus``, ``--pids-limit``. The worker
+fresh unprivileged uid per worker (:func:`.host.worker_uid`), all capabilities dropped,
+``no-new-privileges``, a cgroup memory limit (the worker's address-space limit plus a margin,
+swap equal to it), ``--cpus``, ``--pids-limit``. The worker
 sets its own rlimits as in bubblewrap. A timed-out or crashed worker's container is removed with
 force; the backend's containers carry the label ``envsched.sandbox=1``.
 """
