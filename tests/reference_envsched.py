@@ -75,6 +75,7 @@ class RefConfig:
     ridge_lambda: float = 1.0
     progress_min_transitions: int = 3
     infeasible: str = "error"  # or "relax"
+    relations: str = "both"  # or "within" / "cross" (ablations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +254,9 @@ class ReferenceEnvSched:
         est = np.zeros(self.n)
         ls = cfg.lambda_s
         for i in range(self.n):
-            nbrs = [j for j in list(nbr_in[i]) + list(nbr_cross[i]) if j >= 0 and n_trans[j] > 0]
+            kept = {"both": list(nbr_in[i]) + list(nbr_cross[i]), "within": list(nbr_in[i]),
+                    "cross": list(nbr_cross[i])}[cfg.relations]
+            nbrs = [j for j in kept if j >= 0 and n_trans[j] > 0]
             r_nb = float(np.mean([rbar[j] for j in nbrs])) if nbrs else 0.0
             ref = 0.5 * r_env[self.env[i]] + 0.5 * r_nb
             est[i] = (n_trans[i] * rbar[i] + ls * ref) / (n_trans[i] + ls)
@@ -303,12 +306,15 @@ class ReferenceEnvSched:
                 ybar[i] = acc / W[i] if W[i] > 0 else bhat
             G_in = self._relation_estimate(nbr_in, self.s_full, sigma_in, W, ybar, bhat)
             G_cross = self._relation_estimate(nbr_cross, self.s_abs, sigma_cross, W, ybar, bhat)
-            P = 0.5 * G_in + 0.5 * G_cross
+            P = {"both": 0.5 * G_in + 0.5 * G_cross, "within": G_in, "cross": G_cross}[self.config.relations]
             ls = cfg.lambda_s
             yhat = (W[:, None] * ybar + ls * P) / (W[:, None] + ls)
             vhat, mhat, dhat = yhat[:, 0], yhat[:, 1], yhat[:, 2]
             f = dhat * mhat * (1.0 - mhat)
-            p = 0.65 * percentile_rank(vhat) + 0.35 * percentile_rank(f)
+            # 0.65 pr(vhat) + 0.35 pr(f), evaluated exactly (see the spec's numerics note).
+            r_v = 2 * rankdata(vhat, method="average")
+            r_f = 2 * rankdata(f, method="average")
+            p = (13 * r_v + 7 * r_f - 20) / (40 * self.n)
             u_h = np.quantile(vhat, p)
             for key, val in (
                 ("bhat", bhat), ("W", W), ("ybar", ybar), ("G_in", G_in), ("G_cross", G_cross),

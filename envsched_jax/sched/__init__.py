@@ -44,7 +44,8 @@ mean of the two middle values for an even count); no neighbours -> no sigma need
 a_q[i, j] = exp(-0.5 (delta_q[i, j] / sigma_q[i])^2) * clip(W(h)[j], 0.1, 3)
 G_q[y, i] = (sum_{j in N_q(i)} a_q[i, j] ybar[j] + lambda_g bhat[y]) / (sum_j a_q[i, j] + lambda_g),
 lambda_g = 2; no neighbour -> bhat[y].
-P[y, i] = 0.5 G_in + 0.5 G_cross.
+P[y, i] = 0.5 G_in + 0.5 G_cross. (Ablations, `relations` = "within" / "cross": P = G_in / G_cross,
+and the progress filter's R_nb uses only that relation's neighbours.)
 yhat[i] = (W[i] ybar[i] + lambda_s P[y, i]) / (W[i] + lambda_s), lambda_s = 2.
 
 ## Calibration and score (per h, then combined)
@@ -54,6 +55,10 @@ Q_vhat(p) = numpy.quantile(vhat, p) (linear interpolation, position p (N - 1) in
 values).
 f[i] = dhat[i] mhat[i] (1 - mhat[i]).
 u(h)[i] = Q_vhat(h)( 0.65 pr(vhat(h))_i + 0.35 pr(f(h))_i ).
+CHOICE (numerics): with R = 2 rankavg (an integer), the argument equals
+(13 R_vhat + 7 R_f - 20) / (40 N) and is computed that way, so that mathematically equal
+arguments are bit-for-bit equal and tie in q (evaluating 0.65 a + 0.35 b in floating point can
+differ in the last bit between nodes, or between implementations, and flip a tie).
 u[i] = u(h_long)[i] - eta max(u(h_long)[i] - u(h_short)[i], 0), eta = 0.5.
 q[i] = pr(u)_i.
 

@@ -104,15 +104,18 @@ def sort_values(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ mask, key), x.dtype)
 
 
-def percentile_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
-    """pr(z_i) = (rankavg(z_i) - 0.5) / N with 1-based ranks, ties given their average rank.
-    ``sorted_z`` may pass ``jnp.sort(z)`` when the caller already has it."""
-    n = z.shape[0]
+def _doubled_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
+    """2 rankavg(z_i) as an exact integer (1-based ranks, ties given their average rank)."""
     sorted_z = sort_values(z) if sorted_z is None else sorted_z
     below = jnp.searchsorted(sorted_z, z, side="left")
     upto = jnp.searchsorted(sorted_z, z, side="right")
-    rank = (below + upto + 1) / 2.0
-    return ((rank - 0.5) / n).astype(z.dtype)
+    return below + upto + 1
+
+
+def percentile_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
+    """pr(z_i) = (rankavg(z_i) - 0.5) / N with 1-based ranks, ties given their average rank.
+    ``sorted_z`` may pass ``jnp.sort(z)`` when the caller already has it."""
+    return ((_doubled_rank(z, sorted_z) - 1).astype(z.dtype) / (2 * z.shape[0]))
 
 
 def quantile_map(values: jax.Array, p: jax.Array, sorted_v: jax.Array | None = None) -> jax.Array:
@@ -207,12 +210,14 @@ def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: j
     G_in = relation_estimate(state.nbr_in, state.nbr_in_sim, sigma_in, W, ybar, bhat, config.lambda_g)
     G_cross = relation_estimate(state.nbr_cross, state.nbr_cross_sim, sigma_cross, W, ybar, bhat,
                                 config.lambda_g)
-    P = 0.5 * G_in + 0.5 * G_cross
+    P = {"both": 0.5 * G_in + 0.5 * G_cross, "within": G_in, "cross": G_cross}[config.relations]
     yhat = (W[:, None] * ybar + config.lambda_s * P) / (W[:, None] + config.lambda_s)
     vhat, mhat, dhat = yhat[:, V], yhat[:, M], yhat[:, D]
     f = dhat * mhat * (1.0 - mhat)
     sorted_vhat = sort_values(vhat)
-    u = quantile_map(vhat, 0.65 * percentile_rank(vhat, sorted_vhat) + 0.35 * percentile_rank(f), sorted_vhat)
+    # 0.65 pr(vhat) + 0.35 pr(f), evaluated exactly from doubled ranks (package docstring).
+    p = (13 * _doubled_rank(vhat, sorted_vhat) + 7 * _doubled_rank(f) - 20).astype(dtype) / (40 * n)
+    u = quantile_map(vhat, p, sorted_vhat)
     return HalfLifeEstimate(bhat, W, ybar, G_in, G_cross, P, yhat, f, u)
 
 
@@ -326,7 +331,8 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     rbar = _node_sum(resid, state.obs_node, n) / jnp.maximum(n_i, 1)
     r_env = jax.ops.segment_sum(resid.reshape(-1), env_o, num_envs) / jnp.maximum(
         jax.ops.segment_sum(pair.reshape(-1).astype(jnp.int32), env_o, num_envs), 1)
-    nbrs = jnp.concatenate([state.nbr_in, state.nbr_cross], axis=1)
+    nbrs = {"both": jnp.concatenate([state.nbr_in, state.nbr_cross], axis=1), "within": state.nbr_in,
+            "cross": state.nbr_cross}[config.relations]
     nb_ok = (nbrs >= 0) & (n_i[jnp.maximum(nbrs, 0)] > 0)
     r_nb = (jnp.where(nb_ok, rbar[jnp.maximum(nbrs, 0)], 0.0).sum(1)
             / jnp.maximum(nb_ok.sum(1), 1))
@@ -367,20 +373,19 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
         coverage = k < b_cov
         cnt = env_count[env_index]
         base = ~in_batch & ~state.excluded
-        levels = jnp.stack([
-            base & (cnt < config.cap_step) & (window_env[env_index] + cnt < config.cap_window)
-            & (state.run < config.cap_consecutive) & (coverage | ~prog_excluded),
-            base & (cnt < config.cap_step) & (window_env[env_index] + cnt < config.cap_window)
-            & (state.run < config.cap_consecutive),
-            base & (cnt < config.cap_step) & (window_env[env_index] + cnt < config.cap_window),
-            base & (cnt < config.cap_step),
-            base,
-        ])
+        caps = (cnt < config.cap_step, window_env[env_index] + cnt < config.cap_window,
+                state.run < config.cap_consecutive, coverage | ~prog_excluded)
         if config.infeasible == "relax":   # static choice: the first level with a candidate
+            levels = jnp.stack([base & caps[0] & caps[1] & caps[2] & caps[3],
+                                base & caps[0] & caps[1] & caps[2],
+                                base & caps[0] & caps[1],
+                                base & caps[0],
+                                base])
             level = jnp.argmax(levels.any(axis=1))
+            eligible = levels[level]
         else:                              # "error": never relax; the caller raises
             level = jnp.zeros((), jnp.int32)
-        eligible = levels[level]
+            eligible = base & caps[0] & caps[1] & caps[2] & caps[3]
         ok = eligible.any()
 
         # Coverage: lexicographic restriction (batch env count, env exposure, node observations).
