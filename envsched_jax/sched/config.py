@@ -50,6 +50,10 @@ class EnvSchedConfig:
     infeasible: Literal["error", "relax"] = "error"
     """When caps leave no eligible node: raise ('error') or relax filters/caps in a fixed,
     logged order ('relax')."""
+    relations: Literal["both", "within", "cross"] = "both"
+    """Graph relations used: both (the paper's P = 0.5 G_in + 0.5 G_cross), or only one (Table 3
+    ablations: P = G_in or G_cross, and the progress filter's neighbour reference uses only that
+    relation's neighbours)."""
     dtype: Literal["float32", "float64"] = "float32"
     """Floating-point type of the estimation kernels (float64 needs jax_enable_x64)."""
 
@@ -72,6 +76,8 @@ class EnvSchedConfig:
                 raise ValueError(f"EnvSchedConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.infeasible not in ("error", "relax"):
             raise ValueError(f"EnvSchedConfig.infeasible must be 'error' or 'relax', got {self.infeasible!r}")
+        if self.relations not in ("both", "within", "cross"):
+            raise ValueError(f"EnvSchedConfig.relations must be 'both', 'within' or 'cross', got {self.relations!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"EnvSchedConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}")
 
