@@ -288,3 +288,14 @@ def test_relation_ablations_use_one_relation():
         ablation_config("nope")
     with pytest.raises(ValueError, match="relations"):
         EnvSchedConfig(relations="both_ways")
+
+
+def test_random_cold_start_depends_on_the_seed_and_respects_exclusions():
+    graph = random_graph(np.random.default_rng(2), num_envs=4, per_env=6, dtype=np.float32)
+    excluded = list(graph.task_ids[:5])
+    config = EnvSchedConfig(batch_size=6, group_size=4, cold_start="random")
+    batches = [EnvSched(graph, config, seed=s, excluded=excluded).select(0) for s in (0, 0, 1)]
+    assert batches[0] == batches[1] and batches[0] != batches[2]
+    assert all(len(set(b)) == 6 and not set(b) & set(excluded) for b in batches)
+    static = EnvSched(graph, EnvSchedConfig(batch_size=6, group_size=4)).select(0)
+    assert static == EnvSched(graph, EnvSchedConfig(batch_size=6, group_size=4), seed=1).select(0)

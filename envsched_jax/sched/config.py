@@ -50,6 +50,9 @@ class EnvSchedConfig:
     infeasible: Literal["error", "relax"] = "error"
     """When caps leave no eligible node: raise ('error') or relax filters/caps in a fixed,
     logged order ('relax')."""
+    cold_start: Literal["static", "random"] = "static"
+    """Step 0's batch: the paper's cold start from static structure, or B distinct non-excluded
+    tasks drawn at random from the scheduler's seed (Table 4's initialisation-robustness runs)."""
     relations: Literal["both", "within", "cross"] = "both"
     """Graph relations used: both (the paper's P = 0.5 G_in + 0.5 G_cross), or only one (Table 3
     ablations: P = G_in or G_cross, and the progress filter's neighbour reference uses only that
@@ -76,6 +79,8 @@ class EnvSchedConfig:
                 raise ValueError(f"EnvSchedConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.infeasible not in ("error", "relax"):
             raise ValueError(f"EnvSchedConfig.infeasible must be 'error' or 'relax', got {self.infeasible!r}")
+        if self.cold_start not in ("static", "random"):
+            raise ValueError(f"EnvSchedConfig.cold_start must be 'static' or 'random', got {self.cold_start!r}")
         if self.relations not in ("both", "within", "cross"):
             raise ValueError(f"EnvSchedConfig.relations must be 'both', 'within' or 'cross', got {self.relations!r}")
         if self.dtype not in ("float32", "float64"):

@@ -145,6 +145,15 @@ class EnvSched(Scheduler):
         self.last_progress: K.Progress | None = None
 
     def _select(self, step):
+        if step == 0 and self.config.cold_start == "random":
+            allowed = ~np.asarray(self.state.excluded)
+            if allowed.sum() < self.batch_size:
+                raise SchedulingError(f"random cold start: only {int(allowed.sum())} tasks are not excluded, "
+                                      f"fewer than batch_size {self.batch_size}")
+            key = jax.random.fold_in(self.state.key, 0)
+            nodes = np.asarray(jax.random.choice(key, self.num_nodes, (self.batch_size,), replace=False,
+                                                 p=jnp.asarray(allowed / allowed.sum())))
+            return nodes, ["cold"] * len(nodes), None, []
         if step == 0:
             nodes, relax = cold_start(np.asarray(self._s_full), np.asarray(self.graph.env_index),
                                       self.batch_size, np.asarray(self.state.excluded),
