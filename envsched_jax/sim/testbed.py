@@ -64,15 +64,15 @@ class TestbedParams:
 
     __test__ = False  # not a pytest class
 
-    difficulty_mean: float = 0.0
+    difficulty_mean: float = -0.25
     """Mean task difficulty (logit units); the main knob for the median reward."""
     difficulty_per_op: float = 0.15
     """Extra difficulty per extracted operation above the pool's mean."""
-    difficulty_noise: float = 1.0
+    difficulty_noise: float = 2.5
     """Spread of task difficulty."""
     env_spread: float = 0.5
     """Spread of the initial environment competences."""
-    rollout_noise: float = 0.5
+    rollout_noise: float = 0.4
     """Per-rollout quality noise (logit units); the main knob for within-group variance."""
     check_scale: float = 1.0
     """Sharpness of a check given the rollout's quality (large: a rollout's checks pass or fail
