@@ -40,6 +40,10 @@ class Args:
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int = 120
     """Step budget (the paper's 120)."""
+    batch_size: int = 64
+    """B (the paper's 64)."""
+    group_size: int = 8
+    """K rollouts per task (the paper's 8)."""
     setup: SetupConfig = SetupConfig()
     out: Path = Path("runs/headline")
     """Run folder."""
@@ -60,7 +64,8 @@ def main(args: Args) -> dict[str, list[int | None]]:
     curves: dict[str, list[np.ndarray]] = {}
     with Timer() as timer:
         for name in args.schedulers:
-            curves[name] = [run_scheduler(setup, name, steps=args.steps, seed=s).heldout for s in args.seeds]
+            curves[name] = [run_scheduler(setup, name, steps=args.steps, seed=s, batch_size=args.batch_size,
+                                          group_size=args.group_size).heldout for s in args.seeds]
     bars = [float(np.max(c)) for c in curves["random"]]
     reach = {name: [first_reach(c, bar) for c, bar in zip(curves[name], bars)] for name in args.schedulers}
 

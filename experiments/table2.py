@@ -53,6 +53,10 @@ class Args:
     """Training steps per run (the paper's 200)."""
     schedulers: tuple[str, ...] = ("random", "envsched")
     """Registered schedulers to compare (the table's two columns by default)."""
+    batch_size: int = 64
+    """B (the paper's 64)."""
+    group_size: int = 8
+    """K rollouts per task (the paper's 8)."""
     setup: SetupConfig = SetupConfig()
     out: Path = Path("runs/table2")
     """Run folder."""
@@ -72,7 +76,8 @@ def pooled(logs: list[RunLog]) -> dict[str, float]:
 
 def run(args: Args) -> dict[str, list[RunLog]]:
     setup = make_setup(args.setup)
-    return {name: [run_scheduler(setup, name, steps=args.steps, seed=s) for s in args.seeds]
+    return {name: [run_scheduler(setup, name, steps=args.steps, seed=s, batch_size=args.batch_size,
+                                 group_size=args.group_size) for s in args.seeds]
             for name in args.schedulers}
 
 

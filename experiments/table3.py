@@ -29,6 +29,7 @@ from reporting import Timer, fmt, run_folder, write_csv  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from envsched_jax.sched import EnvSchedConfig  # noqa: E402
 from envsched_jax.sched.ablations import ABLATIONS, ablation_config  # noqa: E402
 from envsched_jax.sim.runner import SetupConfig, make_setup, run_scheduler  # noqa: E402
 
@@ -53,16 +54,21 @@ class Args:
     """'random' and EnvSched ablation names (envsched_jax/sched/ablations.py)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int = 200
+    batch_size: int = 64
+    """B (the paper's 64)."""
+    group_size: int = 8
+    """K rollouts per task (the paper's 8)."""
     setup: SetupConfig = SetupConfig()
     out: Path = Path("runs/table3")
     """Run folder."""
 
 
-def run_config(setup, name: str, seed: int, steps: int):
+def run_config(setup, name: str, seed: int, args: Args):
+    size = dict(steps=args.steps, seed=seed, batch_size=args.batch_size, group_size=args.group_size)
     if name == "random":
-        return run_scheduler(setup, "random", steps=steps, seed=seed)
-    return run_scheduler(setup, "envsched", steps=steps, seed=seed,
-                         scheduler_kwargs={"config": ablation_config(name)})
+        return run_scheduler(setup, "random", **size)
+    config = ablation_config(name, EnvSchedConfig(batch_size=args.batch_size, group_size=args.group_size))
+    return run_scheduler(setup, "envsched", **size, scheduler_kwargs={"config": config})
 
 
 def main(args: Args) -> dict[str, dict[str, float]]:
@@ -74,7 +80,7 @@ def main(args: Args) -> dict[str, dict[str, float]]:
         for name in args.configs:
             per_seed = []
             for seed in args.seeds:
-                summary = run_config(setup, name, seed, args.steps).summary()
+                summary = run_config(setup, name, seed, args).summary()
                 per_seed.append(summary)
                 rows.append({"config": name, "seed": seed, **summary})
             means[name] = {k: float(np.mean([s[k] for s in per_seed])) for k in per_seed[0]}
