@@ -174,3 +174,34 @@ def test_initial_states_vary(pool):
 def test_actions_are_json_records(pool):
     for t in pool.tasks:
         assert all(isinstance(a, Action) and a.turn == 0 for a in t.reference_actions)
+
+
+def test_identifier_filter_finds_nothing_in_reference_actions(pool):
+    """Every identifier a reference sequence uses is in the instruction or an earlier observation:
+    the identifier filter raises no suspicion and filters none of the tasks. A copy of a reference
+    sequence with its revealing lookup dropped is still caught, so the check can fail."""
+    from envsched_jax.envs.episode import run_actions
+    from envsched_jax.envs.identifier_filter import identifier_filter
+    from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool
+
+    with make_worker_pool(SandboxConfig(kind="inprocess")) as workers:
+        reference = [run_actions(workers, pool.environment(t.env_id), t, t.reference_actions)
+                     for t in pool.tasks]
+        report = identifier_filter(reference, pool, workers)
+        assert report.examined == len(pool.tasks)
+        assert not report.replay_mismatches
+        assert report.suspicions == (), [s.detail for s in report.suspicions]
+        assert report.filtered_task_ids == ()
+
+        # broken copies: the fallback member's lookup, and the listing that shows the old booking, dropped
+        broken = []
+        for task_id, drop in [("library_lending-task_6", ("find_member_by_name", {"name": "Farid Aziz"})),
+                              ("room_booking-task_16", ("list_bookings", {}))]:
+            t = pool.tasks[pool.task_index(task_id)]
+            actions = [a for a in t.reference_actions if (a.name, a.arguments) != drop]
+            assert len(actions) == len(t.reference_actions) - 1, task_id
+            broken.append(run_actions(workers, pool.environment(t.env_id), t, actions))
+        assert all(tr.reward == 1.0 for tr in broken)
+        caught = identifier_filter(broken, pool, workers)
+    assert caught.filtered_task_ids == ("library_lending-task_6", "room_booking-task_16")
+    assert {s.action for s in caught.suspicions if s.confirmed} == {"transfer_loan", "cancel_booking"}

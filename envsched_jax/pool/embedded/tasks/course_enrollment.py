@@ -152,7 +152,7 @@ def _reassign():
             checks = [field_eq(f"{eid} is now in {fallback}", ["enrollments", eid, "course_id"], fallback),
                       field_eq(f"{eid} is still enrolled", ["enrollments", eid, "status"], "enrolled"),
                       others_unchanged("no other enrollment changed", "enrollments", [eid])]
-            actions = look + [act("transfer_enrollment", enrollment_id=eid, course_id=fallback),
+            actions = look + [_course_look(fallback), act("transfer_enrollment", enrollment_id=eid, course_id=fallback),
                               reply(f"{who} lacks the prerequisite; moved to {_T[fallback]}.")]
             out.append(TaskSpec(text, s, checks, actions, "reassign_gated", "fail",
                                 wrong=[[act("transfer_enrollment", enrollment_id=eid, course_id=to), reply("done")]]))

@@ -192,7 +192,10 @@ def _multi_step():
         actions = [act("find_account_by_name", name=_N[uid]), act("find_account_by_name", name=_N[actor]),
                    act("disable_account", user_id=uid, actor_id=actor),
                    act("create_ticket", requester_id=actor, subject=subject, priority="normal"),
-                   act("assign_ticket", ticket_id="T006", assignee_id=assignee), reply("Offboarding started.")]
+                   act("list_tickets", status="open", assignee_id=actor)]
+        if assignee != actor:
+            actions.append(act("find_account_by_name", name=_N[assignee]))
+        actions += [act("assign_ticket", ticket_id="T006", assignee_id=assignee), reply("Offboarding started.")]
         out.append(TaskSpec(text, s, checks, actions, "multi_step",
                             wrong=[[act("disable_account", user_id=uid, actor_id=uid), reply("done")]]))
     return out

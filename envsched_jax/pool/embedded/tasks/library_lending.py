@@ -150,7 +150,7 @@ def _reassign():
             checks = [field_eq(f"the {title} loan belongs to {c}", ["loans", lid, "member_id"], fallback),
                       field_eq("the loan is still active", ["loans", lid, "status"], "active"),
                       others_unchanged("no other loan changed", "loans", [lid])]
-            actions = look + [act("transfer_loan", loan_id=lid, member_id=fallback), reply(f"{b} is at the limit; gave it to {c}.")]
+            actions = look + [act("find_member_by_name", name=c), act("transfer_loan", loan_id=lid, member_id=fallback), reply(f"{b} is at the limit; gave it to {c}.")]
             out.append(TaskSpec(text, s, checks, actions, "reassign_gated", "fail",
                                 wrong=[[act("transfer_loan", loan_id=lid, member_id=to), reply("done")]]))
     return out

@@ -111,8 +111,8 @@ def _reassign():
     for bid, target, fallback in [("BK003", "R1", None), ("BK004", "R3", None), ("BK001", "R2", "R4"), ("BK002", "R6", "status")]:
         s = _state()
         b = s["bookings"][bid]
-        who, title, old = _EMP[b["employee_id"]], b["title"], b["room_id"]
-        look = [act("find_employee_by_name", name=who), act("list_bookings", room_id=old, slot=b["slot"]),
+        who, title = _EMP[b["employee_id"]], b["title"]
+        look = [act("find_employee_by_name", name=who), act("list_bookings"),
                 act("find_room_by_name", name=_ROOM[target])]
         if fallback is None:
             text = f"{who}'s '{title}' meeting needs to move to {_ROOM[target]}, same time."
@@ -177,7 +177,7 @@ def _delete():
             text = (f"I'm {_EMP[actor]}. Cancel the '{title}' booking" +
                     (" I made." if actor == b["employee_id"] else f" that {owner} made; facilities is freeing the room."))
             by = actor
-            actions = [act("find_employee_by_name", name=_EMP[actor]), act("list_bookings", room_id=b["room_id"]),
+            actions = [act("find_employee_by_name", name=_EMP[actor]), act("list_bookings"),
                        act("cancel_booking", booking_id=bid, employee_id=actor)]
             wrong = []
         else:
@@ -185,7 +185,7 @@ def _delete():
                     f"have {_EMP[boss]} from facilities do it.")
             by = boss
             actions = [act("find_employee_by_name", name=_EMP[actor]), act("find_employee_by_name", name=_EMP[boss]),
-                       act("list_bookings", room_id=b["room_id"]), act("cancel_booking", booking_id=bid, employee_id=boss)]
+                       act("list_bookings"), act("cancel_booking", booking_id=bid, employee_id=boss)]
             wrong = [[act("cancel_booking", booking_id=bid, employee_id=actor), reply("done")]]
         checks = [absent(f"'{title}' is cancelled", "bookings", bid),
                   logged(f"cancelled by {by}", "cancel_booking", by, bid),
@@ -208,7 +208,7 @@ def _multi_step():
                   new_records(f"a new '{title}' booking at {new_slot}", "bookings",
                               {"room_id": room, "employee_id": eid, "slot": new_slot, "attendees": b["attendees"]}),
                   logged(f"{who} cancelled the old booking", "cancel_booking", eid, bid)]
-        actions = [act("find_employee_by_name", name=who), act("find_room_by_name", name=_ROOM[room]),
+        actions = [act("find_employee_by_name", name=who), act("list_bookings"), act("find_room_by_name", name=_ROOM[room]),
                    act("list_bookings", room_id=room, slot=new_slot), act("cancel_booking", booking_id=bid, employee_id=eid),
                    act("create_booking", employee_id=eid, room_id=room, slot=new_slot, attendees=b["attendees"], title=title),
                    reply(f"'{title}' moved to {new_slot}.")]
