@@ -25,8 +25,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import multiprocessing as mp
-import queue as queue_lib
 import sys
 import tempfile
 import time
@@ -38,6 +36,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scheduler  # noqa: E402  (experiments/ is not a package)
+from benchlib import run_in_child  # noqa: E402
 
 PAPER = {"n": 2550, "step_s": 34.93, "sparse_features_mib": 85.87, "neighbour_progress_state_mib": 1.24,
          "dense_mib": 42.59}
@@ -58,25 +57,6 @@ class Args:
     """Steps timed after the history (median reported)."""
     out: Path = Path("runs/cost")
     """Run folder (cost.csv, cost.png)."""
-
-
-def run_in_child(target, *args):
-    """``benchlib.run_in_child`` (a fresh spawned process per measurement), but a child that dies
-    before reporting raises instead of leaving the parent waiting forever."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    proc = ctx.Process(target=target, args=(*args, results))
-    proc.start()
-    while True:
-        try:
-            result = results.get(timeout=1.0)
-            break
-        except queue_lib.Empty:
-            if not proc.is_alive():
-                raise RuntimeError(f"{target.__name__}{args[:2]} failed in its child process (exit code "
-                                   f"{proc.exitcode}; its traceback is above)") from None
-    proc.join()
-    return result
 
 
 def _state_bytes(folder: str, names: tuple[str, ...], queue) -> None:

@@ -44,7 +44,7 @@ from scipy import stats
 
 from envsched_jax.sched import EnvSchedConfig, make_scheduler
 from envsched_jax.sim import testbed as tb
-from envsched_jax.sim.runner import Setup, SetupConfig, _rollout_key, make_setup
+from envsched_jax.sim.runner import Setup, SetupConfig, rollout_key, make_setup
 
 PAPER_A = {  # Table 4 (a): (mean, ci low, ci high) at steps 1 and 7, and the step-7 5-95% range
     "batch_variance": {1: (0.0596, 0.0584, 0.0609), 7: (0.0813, 0.0803, 0.0823), "range": (0.0726, 0.0894)},
@@ -116,7 +116,7 @@ def run_one(setup: Setup, seed: int, args: Args, params: tb.TestbedParams = tb.T
         hits = true_var[nodes] >= np.quantile(true_var, 0.75)
         hit[t], cov_hit[t] = _hit_rate(hits, phases == "exploitation"), _hit_rate(hits, phases == "coverage")
         n_exploit[t] = int((phases == "exploitation").sum())
-        rewards = tb.rollout(setup.structure, state, params, jnp.asarray(nodes), _rollout_key(key, t),
+        rewards = tb.rollout(setup.structure, state, params, jnp.asarray(nodes), rollout_key(key, t),
                              group_size=args.group_size, max_checks=setup.max_checks)
         rewards_np = np.asarray(rewards, np.float64)
         sched.observe(t, ids, rewards_np)

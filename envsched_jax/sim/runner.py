@@ -123,7 +123,7 @@ def run_scheduler(setup: Setup, name: str, *, steps: int, seed: int, params: tb.
         ids = sched.select(t)
         timing[t] = time.perf_counter() - t0
         nodes = jnp.asarray([index[i] for i in ids], jnp.int32)
-        rewards = tb.rollout(structure, state, params, nodes, _rollout_key(key, t), group_size=group_size,
+        rewards = tb.rollout(structure, state, params, nodes, rollout_key(key, t), group_size=group_size,
                              max_checks=max_checks)
         rewards_np = np.asarray(rewards, np.float64)
         t0 = time.perf_counter()
@@ -148,7 +148,7 @@ def run_scheduler(setup: Setup, name: str, *, steps: int, seed: int, params: tb.
         heldout=heldout, schedule_ms=1000 * timing, initial_heldout=initial)
 
 
-def _rollout_key(key: jax.Array, t) -> jax.Array:
+def rollout_key(key: jax.Array, t) -> jax.Array:
     """Rollout randomness of step t (independent of the scheduler's own key use)."""
     return jax.random.fold_in(jax.random.fold_in(key, 0x5EED), t)
 
@@ -161,7 +161,7 @@ def _random_run(structure, params, seed, *, steps, batch_size, group_size, max_c
     def step(state, t):
         nodes = jax.random.choice(jax.random.fold_in(key, t), num_train, (batch_size,), replace=False)
         nodes = nodes.astype(jnp.int32)
-        rewards = tb.rollout(structure, state, params, nodes, _rollout_key(key, t), group_size=group_size,
+        rewards = tb.rollout(structure, state, params, nodes, rollout_key(key, t), group_size=group_size,
                              max_checks=max_checks)
         new = tb.learn(structure, state, params, nodes, rewards)
         out = {"variance": rewards.var(axis=1), "mean_reward": rewards.mean(axis=1),
