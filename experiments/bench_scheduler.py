@@ -75,6 +75,26 @@ def _build(n: int, folder: str, queue) -> None:
     queue.put(time.perf_counter() - t0)
 
 
+def _time_steps(step, first_step: int, args: Args) -> dict[str, float]:
+    """Run ``step(first_step)`` (trace + compile + run), the rest of the history, then time
+    ``args.timed_steps`` steps: median / min step time, compile time and peak RSS."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    step(first_step)
+    first = time.perf_counter() - t0
+    for t in range(first_step + 1, args.history):
+        step(t)
+    times = []
+    for t in range(args.history, args.history + args.timed_steps):
+        t0 = time.perf_counter()
+        step(t)
+        times.append(time.perf_counter() - t0)
+    steady = float(np.median(times))
+    return {"step_ms": 1000 * steady, "step_ms_min": 1000 * min(times), "compile_s": first - steady,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
 def _measure(folder: str, args: Args, queue) -> None:
     import numpy as np
 
@@ -96,20 +116,7 @@ def _measure(folder: str, args: Args, queue) -> None:
         history.append(([sched._index[i] for i in ids], rewards))
 
     step(0)                                   # cold start (NumPy, static structure)
-    t0 = time.perf_counter()
-    step(1)                                   # first jitted step: trace + compile + run
-    first = time.perf_counter() - t0
-    for t in range(2, args.history):
-        step(t)
-    times = []
-    for t in range(args.history, args.history + args.timed_steps):
-        t0 = time.perf_counter()
-        step(t)
-        times.append(time.perf_counter() - t0)
-    steady = float(np.median(times))
-    result = {"n": graph.num_nodes, "step_ms": 1000 * steady, "step_ms_min": 1000 * min(times),
-              "compile_s": first - steady, "setup_s": setup,
-              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    result = {"n": graph.num_nodes, "setup_s": setup, **_time_steps(step, 1, args)}
 
     if graph.num_nodes <= 5000 and args.reference_steps:
         sys.path.insert(0, str(ROOT / "tests"))
@@ -148,20 +155,7 @@ def _measure_baseline(folder: str, name: str, args: Args, queue) -> None:
         ids = sched.select(t)
         sched.observe(t, ids, _rewards(rng, batch_size, group_size))
 
-    t0 = time.perf_counter()
-    step(0)                                   # first step: trace + compile + run
-    first = time.perf_counter() - t0
-    for t in range(1, args.history):
-        step(t)
-    times = []
-    for t in range(args.history, args.history + args.timed_steps):
-        t0 = time.perf_counter()
-        step(t)
-        times.append(time.perf_counter() - t0)
-    steady = float(np.median(times))
-    queue.put({"scheduler": name, "n": graph.num_nodes, "step_ms": 1000 * steady,
-               "step_ms_min": 1000 * min(times), "compile_s": first - steady, "setup_s": setup,
-               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})
+    queue.put({"scheduler": name, "n": graph.num_nodes, "setup_s": setup, **_time_steps(step, 0, args)})
 
 
 def main(args: Args) -> None:

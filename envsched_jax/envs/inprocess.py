@@ -25,6 +25,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envsched_jax.envs.runtime import core as _core
 from envsched_jax.pool.model import Action, Environment, Task
 
 CHAT_WITH_USER = "chat_with_user"
@@ -55,19 +56,9 @@ def load_class(env: Environment) -> type:
                          f"{env.class_name!r}") from None
 
 
-def instantiate(cls: type, init_config: Mapping[str, Any]) -> Any:
-    config = copy.deepcopy(dict(init_config))
-    try:
-        instance = cls(config)
-    except TypeError:
-        instance = cls()
-    for key, value in config.items():
-        setattr(instance, key, copy.deepcopy(value))
-    return instance
-
-
-def snapshot_state(instance: Any) -> dict[str, Any]:
-    return {k: copy.deepcopy(v) for k, v in vars(instance).items() if not k.startswith("__")}
+# One definition of set-up and state snapshot, shared with the sandboxed runtime (stdlib only).
+instantiate = _core.instantiate
+snapshot_state = _core.snapshot
 
 
 def is_valid_tool(instance: Any, name: str) -> bool:
