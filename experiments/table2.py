@@ -88,11 +88,11 @@ def main(args: Args) -> dict[str, dict[str, float]]:
         logs = run(args)
     stats = {name: pooled(runs) for name, runs in logs.items()}
 
-    table = Table("statistic", *(f"{n} (ours)" for n in args.schedulers), "change (ours)",
+    base = "random" if "random" in args.schedulers else args.schedulers[0]
+    last = "envsched" if "envsched" in args.schedulers else args.schedulers[-1]
+    table = Table("statistic", *(f"{n} (ours)" for n in args.schedulers), f"{last} vs {base} (ours)",
                   "Random (paper)", "EnvSched (paper)", "change (paper)",
                   title=f"Table 2 on the testbed: {len(args.seeds)} seeds x {args.steps} steps (a simulation)")
-    base = args.schedulers[0]
-    last = args.schedulers[-1]
     for key, label, digits in ROWS:
         pkey = "heldout" if "heldout" in key else key
         paper_r, paper_e = PAPER["random"].get(pkey), PAPER["envsched"].get(pkey)
