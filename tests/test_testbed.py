@@ -105,3 +105,17 @@ def test_calibration_is_frozen_into_the_defaults():
     for key in ("mean_variance", "median_variance", "median_reward", "environments"):
         assert stats[key] == pytest.approx(C.FROZEN_RANDOM[key], rel=0.02), key
     assert C.loss(stats) < 0.05
+
+
+def test_float32_even_with_x64_enabled(setup):
+    """Other tests (and users) enable jax_enable_x64; the testbed must still run in float32 and
+    give the same numbers."""
+    params = tb.TestbedParams()
+    plain = random_runs(setup, params, [0], steps=4, batch_size=8)
+    with jax.enable_x64(True):
+        wide = random_runs(setup, params, [0], steps=4, batch_size=8)
+        state = tb.learn(setup.structure, tb.init_state(setup.structure, params), params,
+                         jnp.arange(8, dtype=jnp.int32), jnp.tile(jnp.array([0.0, 1.0] * 2), (8, 1)))
+    assert state.c_env.dtype == jnp.float32 and state.c_skill.dtype == jnp.float32
+    for key in plain:
+        np.testing.assert_allclose(wide[key], plain[key], rtol=1e-6, err_msg=key)

@@ -165,7 +165,15 @@ def train_order(pool: Pool, heldout_envs: Sequence[str] = ()) -> list[str]:
     return [t.task_id for t in pool.tasks if t.env_id not in held]
 
 
+def float32(params: TestbedParams) -> TestbedParams:
+    """The parameters as float32 arrays. Every function below starts with this, so the testbed
+    computes in float32 even when a caller has enabled ``jax_enable_x64`` (where Python floats
+    passed through jit would otherwise become float64 and change the state's dtype)."""
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
 def init_state(structure: TestbedStructure, params: TestbedParams) -> TestbedState:
+    params = float32(params)
     c_env = params.env_spread * structure.env_noise
     c_skill = jnp.zeros(structure.skills.shape[1], jnp.float32)
     return TestbedState(c_env=c_env, c_skill=c_skill, c_skill0=c_skill)
@@ -178,6 +186,7 @@ def difficulty(structure: TestbedStructure, params: TestbedParams) -> jax.Array:
 
 def logits(structure: TestbedStructure, state: TestbedState, params: TestbedParams) -> jax.Array:
     """z_i for every node [N_all]."""
+    params = float32(params)
     return state.c_env[structure.env] + structure.skills @ state.c_skill - difficulty(structure, params)
 
 
@@ -197,6 +206,7 @@ def _rollout_rewards(z: jax.Array, n: jax.Array, has_gate: jax.Array, eps: jax.A
 def rollout(structure: TestbedStructure, state: TestbedState, params: TestbedParams, nodes: jax.Array,
             key: jax.Array, *, group_size: int, max_checks: int) -> jax.Array:
     """K rewards for each of ``nodes`` [B] (training indices): [B, K] in [0, 1]."""
+    params = float32(params)
     z = logits(structure, state, params)[nodes]
     k_eps, k_gate, k_checks = jax.random.split(key, 3)
     b = nodes.shape[0]
@@ -211,6 +221,8 @@ def rollout(structure: TestbedStructure, state: TestbedState, params: TestbedPar
 def learn(structure: TestbedStructure, state: TestbedState, params: TestbedParams, nodes: jax.Array,
           rewards: jax.Array) -> TestbedState:
     """One simulated GRPO step on the groups ``rewards`` [B, K] of ``nodes`` [B]."""
+    params = float32(params)
+    rewards = rewards.astype(jnp.float32)
     sd = rewards.std(axis=1)
     b = nodes.shape[0]
     c_env = state.c_env.at[structure.env[nodes]].add(params.lr_env * sd / b)
@@ -225,6 +237,7 @@ def expected_reward(structure: TestbedStructure, state: TestbedState, params: Te
                     nodes: jax.Array) -> jax.Array:
     """Expected reward of ``nodes`` under a fixed quadrature of rollout qualities (no sampling of
     gates or checks: their expectations are exact given eps). [len(nodes)]."""
+    params = float32(params)
     eps = _quadrature(params)
     z = logits(structure, state, params)[nodes][:, None] + eps[None, :]
     gate = jnp.where(structure.has_gate[nodes][:, None],
@@ -234,6 +247,7 @@ def expected_reward(structure: TestbedStructure, state: TestbedState, params: Te
 
 def _quadrature(params: TestbedParams) -> jax.Array:
     """Fixed quantiles of N(0, rollout_noise^2): the same points for every call."""
+    params = float32(params)
     q = (jnp.arange(params.eval_samples) + 0.5) / params.eval_samples
     return params.rollout_noise * jnp.sqrt(2.0) * jax.scipy.special.erfinv(2 * q - 1)
 
@@ -247,6 +261,7 @@ def expected_group_variance(structure: TestbedStructure, state: TestbedState, pa
     so E[r | eps] = g p and E[r^2 | eps] = g (p^2 + p (1 - p) / n); the variance over rollouts
     comes from the quadrature over eps, and a group's population variance has expectation
     (K - 1) / K times it."""
+    params = float32(params)
     nodes = jnp.arange(structure.num_train)
     z = logits(structure, state, params)[nodes][:, None] + _quadrature(params)[None, :]
     g = jnp.where(structure.has_gate[nodes][:, None], jax.nn.sigmoid(params.gate_scale * z + params.gate_offset), 1.0)
