@@ -119,3 +119,16 @@ def test_float32_even_with_x64_enabled(setup):
     assert state.c_env.dtype == jnp.float32 and state.c_skill.dtype == jnp.float32
     for key in plain:
         np.testing.assert_allclose(wide[key], plain[key], rtol=1e-6, err_msg=key)
+
+
+def test_random_runs_vmap_over_parameter_settings(setup):
+    from envsched_jax.sim.runner import stack_params
+
+    settings = [tb.TestbedParams(), dataclasses.replace(tb.TestbedParams(), rollout_noise=0.8)]
+    both = random_runs(setup, stack_params(settings), [0, 1], steps=4, batch_size=8, batched_params=True)
+    assert both["variance"].shape == (2, 2, 4, 8)
+    for k, p in enumerate(settings):
+        one = random_runs(setup, p, [0, 1], steps=4, batch_size=8)
+        np.testing.assert_allclose(both["variance"][k], one["variance"], atol=1e-6)
+        np.testing.assert_allclose(both["heldout"][k], one["heldout"], atol=1e-4)
+    assert not np.allclose(both["variance"][0], both["variance"][1])

@@ -175,10 +175,23 @@ def _random_run(structure, params, seed, *, steps, batch_size, group_size, max_c
 
 
 def random_runs(setup: Setup, params: tb.TestbedParams, seeds, *, steps: int, batch_size: int = 64,
-                group_size: int = 8) -> dict[str, np.ndarray]:
+                group_size: int = 8, batched_params: bool = False) -> dict[str, np.ndarray]:
     """Random scheduling on the testbed, one compiled scan vmapped over ``seeds``: arrays
-    [seeds, T] / [seeds, T, B] of variance, mean_reward, heldout, environments."""
+    [seeds, T] / [seeds, T, B] of variance, mean_reward, heldout, environments.
+
+    With ``batched_params=True``, ``params`` holds a leading axis of settings (see
+    :func:`stack_params`) and the result gains a leading [settings] axis: one program for a whole
+    parameter sweep."""
     fn = functools.partial(_random_run, steps=steps, batch_size=batch_size, group_size=group_size,
                            max_checks=setup.max_checks, num_train=setup.structure.num_train)
-    out = jax.vmap(fn, in_axes=(None, None, 0))(setup.structure, params, jnp.asarray(seeds, jnp.uint32))
+    run = jax.vmap(fn, in_axes=(None, None, 0))
+    if batched_params:
+        run = jax.vmap(run, in_axes=(None, 0, None))
+    out = run(setup.structure, params, jnp.asarray(seeds, jnp.uint32))
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+def stack_params(settings) -> tb.TestbedParams:
+    """Stack several TestbedParams (same ``eval_samples``) into one with a leading axis."""
+    settings = list(settings)
+    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32) for x in xs]), *settings)
