@@ -196,5 +196,9 @@ def test_bfcl_reference_replays(workers):
     assert [(a.name, a.turn) for a in early] == [("tail", 1)]
     traj = run_actions(workers, pool.environment(task.env_id), task,
                        with_turn_ends(task, task.reference_actions))
-    assert traj.reward == 0.8
+    # Only turn 1 fails: its response check (the withheld `tail` was refused there); the state
+    # checks of turn 1 pass because `tail` only reads.
+    failed = [c.text for c, ok in zip(task.checks, traj.check_results) if not ok]
+    assert len(failed) == 1 and failed[0].startswith("Turn 1: the agent calls a tool"), failed
+    assert traj.reward == round(1 - 1 / len(task.checks), 4)
     assert {"success": False, "error": "invalid action: 'tail'"} in traj.observations

@@ -87,13 +87,29 @@ def run_checks(task: Task, final_state: Mapping[str, Any],
 
 
 def run_episode(env: Environment, task: Task, actions: Sequence[Action]) -> EpisodeResult:
-    """Execute a fixed action sequence and score it."""
+    """Execute a fixed action sequence and score it.
+
+    Multi-turn tasks: a user turn ends when the next action carries a later ``turn`` or at a
+    ``chat_with_user`` (which ends the episode only after the last turn); checks see the state at
+    the end of every turn (:func:`envsched_jax.envs.runtime.core.with_turns`), as in every
+    sandbox."""
     instance = instantiate(load_class(env), task.initial_state)
     initial_state = snapshot_state(instance)
+    num_turns = len(task.user_turns)
+    turn_states: list[Any] = []
     observations: list[Any] = []
     end_reason = "actions_exhausted"
+
+    def close_turn() -> None:
+        turn_states.append(_core.to_jsonable(snapshot_state(instance)))
+
     for action in actions:
+        while num_turns and len(turn_states) < min(action.turn, num_turns - 1):
+            close_turn()
         if action.name == CHAT_WITH_USER:
+            if num_turns and len(turn_states) + 1 < num_turns:
+                close_turn()
+                continue
             end_reason = CHAT_WITH_USER
             break
         if not is_valid_tool(instance, action.name):
@@ -106,5 +122,5 @@ def run_episode(env: Environment, task: Task, actions: Sequence[Action]) -> Epis
             return EpisodeResult(0.0, tuple(False for _ in task.checks), tuple(msg for _ in task.checks),
                                  tuple(observations), snapshot_state(instance), "tool_error", msg)
     final = snapshot_state(instance)
-    reward, results, errors = run_checks(task, final, initial_state)
+    reward, results, errors = run_checks(task, _core.with_turns(final, turn_states, num_turns), initial_state)
     return EpisodeResult(reward, results, errors, tuple(observations), final, end_reason)

@@ -69,20 +69,25 @@ Missing functions (``miss_func``)
 
 Verifier checks
     The expected outcomes are computed at load time by replaying the ground truth in-process with
-    the same composite class (``bfcl_eval`` is trusted library code) and are embedded in each
-    check as JSON literals, so a check needs nothing but the final state:
+    the same composite class (``bfcl_eval`` is trusted library code), turn by turn, and are embedded
+    in each check, as BFCL's ``multi_turn_checker`` makes them for every turn with ground truth:
 
-    - one check per involved *stateful* class (all but ``MathAPI``): the class's final snapshot
-      equals the one the ground-truth calls reach (BFCL's ``state_checker``; the tests confirm
-      that it agrees with BFCL's own instance comparison);
-    - one check per turn with ground truth: the results of that turn's ground-truth calls are a
-      sub-multiset of the results of all the agent's calls (BFCL's ``response_checker``).
+    - one check per involved *stateful* class (all but ``MathAPI``): the class's snapshot at the end
+      of the turn equals the one the ground-truth calls reach by then (BFCL's ``state_checker``;
+      the tests confirm that it agrees with BFCL's own instance comparison). The expected snapshot
+      is embedded as the SHA-256 of its canonical JSON, which keeps long-context checks small;
+    - one response check: the agent made at least one call in the turn (BFCL fails a turn with
+      ground truth and no call) and the results of the turn's ground-truth calls are a
+      sub-multiset of the results of all the agent's calls up to the end of the turn (BFCL's
+      ``response_checker``, which also accepts results obtained in earlier turns).
 
-    Reward is the mean of these checks (EnvScaler), where BFCL scores a task all-or-nothing.
-    Known gaps against BFCL's checker, which sees the state after every turn: the state is only
-    compared at the end (a mid-episode divergence that is later repaired passes), a turn's results
-    may be matched by calls made in later turns, and the "no call in a turn without ground truth"
-    rule (irrelevance) is not checked, because the final state carries no turn boundaries.
+    Checks find the state at the end of every user turn under ``final_state["__turns__"]``, which
+    every executor provides for multi-turn tasks
+    (:func:`envsched_jax.envs.runtime.core.with_turns`). Turns without ground truth are not
+    checked (BFCL 2025.7.17 has its irrelevance check switched off). Reward is the mean of these
+    checks (EnvScaler), where BFCL scores a task all-or-nothing (reward 1.0 when every per-turn
+    condition holds). One known difference: ``multi_turn_base_154``, which BFCL scores as a forced
+    termination because its ground truth has more turns than its question, can reach 1.0 here.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import hashlib
 import importlib
 import inspect
 import json
@@ -99,6 +105,7 @@ from pathlib import Path
 from typing import Any
 
 from envsched_jax.envs.inprocess import instantiate, snapshot_state
+from envsched_jax.envs.runtime.core import TURNS_KEY, to_jsonable
 from envsched_jax.pool.jsonl import read_json_objects
 from envsched_jax.pool.model import (
     Action,
@@ -487,6 +494,7 @@ def parse_call(text: str,
 class _Replay:
     initial: dict[str, Any]
     final: dict[str, Any]
+    turn_states: tuple[dict[str, Any], ...]      # JSON state at the end of each turn
     turn_results: tuple[tuple[str, ...], ...]
     errors: tuple[tuple[int, str, str], ...]     # (turn, call, error result)
 
@@ -496,27 +504,33 @@ def _replay(cls: type, initial_state: Mapping[str, Any], actions: Sequence[Actio
     instance = instantiate(cls, initial_state)
     initial = snapshot_state(instance)
     results: list[list[str]] = [[] for _ in range(num_turns)]
+    states = []
     errors = []
-    for action in actions:
-        result = getattr(instance, action.name)(**copy.deepcopy(dict(action.arguments)))
-        results[action.turn].append(result)
-        if isinstance(result, str) and result.startswith(ERROR_PREFIX):
-            errors.append((action.turn, action.name, result))
-    return _Replay(initial, snapshot_state(instance), tuple(tuple(r) for r in results),
+    for turn in range(num_turns):
+        for action in (a for a in actions if a.turn == turn):
+            result = getattr(instance, action.name)(**copy.deepcopy(dict(action.arguments)))
+            results[turn].append(result)
+            if isinstance(result, str) and result.startswith(ERROR_PREFIX):
+                errors.append((turn, action.name, result))
+        states.append(to_jsonable(snapshot_state(instance)))
+    return _Replay(initial, snapshot_state(instance), tuple(states), tuple(tuple(r) for r in results),
                    tuple(errors))
 
 
 # --------------------------------------------------------------------------------------------
-# Checks
+# Checks (BFCL's multi_turn_checker, turn by turn: see the module docstring)
 
 _STATE_CHECK = '''\
+import hashlib
 import json
-
-EXPECTED = json.loads({expected!r})
 
 
 def check_func(final_state):
-    return final_state.get({key!r}) == EXPECTED
+    turns = final_state.get({turns_key!r}) or []
+    if len(turns) <= {turn}:
+        return False
+    text = json.dumps(turns[{turn}].get({key!r}), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest() == {digest!r}
 '''
 
 _RESPONSE_CHECK = '''\
@@ -526,7 +540,14 @@ EXPECTED = json.loads({expected!r})
 
 
 def check_func(final_state):
-    remaining = [entry.get("result") for entry in final_state.get({call_log!r}, [])]
+    turns = final_state.get({turns_key!r}) or []
+    if len(turns) <= {turn}:
+        return False
+    log = turns[{turn}].get({call_log!r}, [])
+    before = turns[{turn} - 1].get({call_log!r}, []) if {turn} > 0 else []
+    if len(log) <= len(before):
+        return False  # no call in this turn
+    remaining = [entry.get("result") for entry in log]
     for result in EXPECTED:
         if result not in remaining:
             return False
@@ -542,23 +563,23 @@ def _canonical(value: Any) -> str:
 def _make_checks(api: _BfclApi, classes: Sequence[str], replay: _Replay,
                  ground_truth: Sequence[Sequence[str]]) -> list[Check]:
     checks = []
-    for name in classes:
-        if name in api.stateless:
-            continue
-        expected = replay.final[name]
-        changed = _canonical(expected) != _canonical(replay.initial[name])
-        checks.append(Check(
-            f"Final state of {name} equals the state reached by the ground-truth calls"
-            + ("" if changed else " (they leave it unchanged)"),
-            _STATE_CHECK.format(expected=_canonical(expected), key=name)))
     for turn, calls in enumerate(ground_truth):
         if not calls:
-            continue
+            continue  # BFCL checks nothing at a turn without ground truth
+        for name in classes:
+            if name in api.stateless:
+                continue
+            expected = _canonical(replay.turn_states[turn][name])
+            checks.append(Check(
+                f"Turn {turn}: the state of {name} at the end of the turn equals the one the "
+                "ground-truth calls reach",
+                _STATE_CHECK.format(turns_key=TURNS_KEY, turn=turn, key=name,
+                                    digest=hashlib.sha256(expected.encode("utf-8")).hexdigest())))
         checks.append(Check(
-            f"Turn {turn}: the results of the ground-truth calls {', '.join(calls)} all appear "
-            "among the results of the agent's calls",
+            f"Turn {turn}: the agent calls a tool in the turn, and the results of the ground-truth "
+            f"calls {', '.join(calls)} all appear among the results of its calls so far",
             _RESPONSE_CHECK.format(expected=_canonical(list(replay.turn_results[turn])),
-                                   call_log=CALL_LOG)))
+                                   turns_key=TURNS_KEY, turn=turn, call_log=CALL_LOG)))
     return checks
 
 

@@ -24,7 +24,8 @@ ending the episode; the episode ends after the last turn. Tools listed in ``with
 (BFCL's missing-function category) are invalid actions before their turn, and the empty user turn
 that announces them is replaced by BFCL's holdout prompt. BFCL tools catch their own errors (the
 composite class returns ``"Error during execution: ..."``), so a wrong call there does not end
-the episode. The state after every turn is kept, so that per-turn state checks can be made.
+the episode. The state at the end of every turn is kept, and checks of a multi-turn task find it
+under ``final_state["__turns__"]`` (:func:`with_turns`): BFCL's checks are made turn by turn.
 
 Resource limits are enforced around this module (rlimits, wall clock, cgroups), not in it: a limit
 shows up here as an exception derived from :class:`LimitExceeded` (a ``BaseException``, so that
@@ -40,6 +41,8 @@ import types
 
 CHAT_WITH_USER = "chat_with_user"
 REWARD_DECIMALS = 4
+TURNS_KEY = "__turns__"
+"""Multi-turn episodes: the key under which checks find the state at the end of every user turn."""
 
 
 class LimitExceeded(BaseException):
@@ -103,6 +106,18 @@ def state_texts(instance) -> dict:
 
 def snapshot(instance) -> dict:
     return {k: copy.deepcopy(v) for k, v in vars(instance).items() if not k.startswith("__")}
+
+
+def with_turns(final_state: dict, turn_states, num_turns: int) -> dict:
+    """The state that checks of a multi-turn task see: the final state plus, under
+    :data:`TURNS_KEY`, the JSON state at the end of each of the ``num_turns`` user turns. A turn the
+    episode never closed (it ended earlier, or the agent stopped acting) holds the final state.
+    Single-turn tasks (``num_turns`` 0) see the final state alone."""
+    if not num_turns:
+        return final_state
+    states = list(turn_states[:num_turns])
+    states += [to_jsonable(final_state)] * (num_turns - len(states))
+    return {**final_state, TURNS_KEY: states}
 
 
 def run_checks(task_id: str, checks, final_state, initial_state):
@@ -253,8 +268,8 @@ class EpisodeCore:
         if self.end_reason == "tool_error":
             reward, results, errors = 0.0, [False] * len(checks), [self.error] * len(checks)
         else:
-            reward, results, errors = run_checks(self.spec["task_id"], checks, final,
-                                                 self._initial_state)
+            seen = with_turns(final, self.turn_states, len(self.spec.get("user_turns") or []))
+            reward, results, errors = run_checks(self.spec["task_id"], checks, seen, self._initial_state)
         return {"reward": reward, "check_results": results, "check_errors": errors,
                 "final_state": to_jsonable(final), "end_reason": self.end_reason,
                 "error": self.error, "turn_states": self.turn_states,
