@@ -13,11 +13,13 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import statistics
 import time
 from pathlib import Path
+
+import tyro
 
 from envsched_jax.envs.episode import with_turn_ends
 from envsched_jax.envs.rollout import RolloutConfig, RolloutJob, RolloutPool
@@ -25,15 +27,19 @@ from envsched_jax.envs.sandbox import SANDBOX_KINDS, SandboxConfig, make_worker_
 from envsched_jax.pool.sources import load_pool
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sandboxes", nargs="+", default=list(SANDBOX_KINDS), choices=SANDBOX_KINDS)
-    p.add_argument("--pools", nargs="+", default=["embedded", "bfcl:base"])
-    p.add_argument("--workers", type=int, default=1, help="workers (episodes at once)")
-    p.add_argument("--repeats", type=int, default=2, help="passes over each pool")
-    p.add_argument("--starts", type=int, default=5, help="fresh workers timed for start-up")
-    p.add_argument("--out", default="runs/bench_episodes.json")
-    return p.parse_args()
+@dataclasses.dataclass(frozen=True)
+class Args:
+    sandboxes: tuple[str, ...] = SANDBOX_KINDS
+    """Sandboxes to measure (in-process is always measured: it is the baseline)."""
+    pools: tuple[str, ...] = ("embedded", "bfcl:base")
+    """Pool specs whose reference actions are replayed."""
+    workers: int = 1
+    """Workers (episodes at once)."""
+    repeats: int = 2
+    """Passes over each pool."""
+    starts: int = 5
+    """Fresh workers timed for start-up."""
+    out: Path = Path("runs/bench_episodes.json")
 
 
 def jobs_for(pool, repeats: int) -> list[RolloutJob]:
@@ -68,8 +74,10 @@ def throughput(kind: str, pool, jobs, workers: int) -> tuple[float, float]:
     return len(jobs) / elapsed, statistics.fmean(r.reward for r in results)
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: Args) -> None:
+    unknown = sorted(set(args.sandboxes) - set(SANDBOX_KINDS))
+    if unknown:
+        raise SystemExit(f"unknown sandboxes {unknown}; choose from {', '.join(SANDBOX_KINDS)}")
     pools = {name: load_pool(name) for name in args.pools}
     out: dict = {"workers": args.workers, "repeats": args.repeats, "sandboxes": {}}
     kinds = ["inprocess"] + [k for k in args.sandboxes if k != "inprocess"]
@@ -95,11 +103,11 @@ def main() -> None:
             print(f"{kind:10} {name:10} {rate:11.1f} {ratio:13.2f}x {mean_reward:12.4f}   "
                   f"{start_s * 1000:.0f} ms")
         out["sandboxes"][kind] = entry
-    path = Path(args.out)
+    path = args.out
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    main(tyro.cli(Args))
