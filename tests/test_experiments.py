@@ -55,3 +55,18 @@ def test_headline_small(tmp_path):
     assert {r["scheduler"] for r in rows} == {"random", "envsched", "dps"}
     assert headline.first_reach(__import__("numpy").array([1.0, 2.0, 3.0]), 2.0) == 2
     assert headline.first_reach(__import__("numpy").array([1.0, 2.0]), 5.0) is None
+
+
+def test_bench_episodes_small(tmp_path, capsys):
+    """The episode benchmark runs (in-process only here; the sandboxes have their own tests)."""
+    import json
+
+    import bench_episodes
+
+    out = tmp_path / "bench.json"
+    bench_episodes.main(bench_episodes.Args(sandboxes=("inprocess",), pools=("embedded",), repeats=1,
+                                            starts=1, out=out))
+    result = json.loads(out.read_text())
+    entry = result["sandboxes"]["inprocess"]["pools"]["embedded"]
+    assert entry["episodes"] == 192 and entry["mean_reward"] == 1.0 and entry["episodes_per_second"] > 0
+    assert "inprocess  embedded" in capsys.readouterr().out
