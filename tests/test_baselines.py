@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envsched_jax.sched import DPS, DPSConfig, LEEPSReconstructionConfig, MoPPS, MoPPSConfig, make_scheduler
+from envsched_jax.sched import DPS, DPSConfig, MoPPS, MoPPSConfig, make_scheduler
 from envsched_jax.sched import dps as dps_k
 from envsched_jax.sched import leeps as leeps_k
 from envsched_jax.sched import mopps as mopps_k

@@ -335,7 +335,7 @@ def t_transition_by_name(sc: Scene) -> Draft:
 
 
 def t_conditional_transition(sc: Scene) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     eid = sc.pick_entity((sp.pending, sp.active))
     rec = sc.entities[eid]
     activate = rec["status"] == sp.pending
@@ -378,7 +378,7 @@ def t_partial_gate_failure(sc: Scene) -> Draft:
 
 
 def _assign(sc: Scene, by_name: bool) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     eid = sc.pick_entity(sp.assignable)
     rec = sc.entities[eid]
     sid = sc.free_slot(rec[sp.CAT], exclude=(rec[sp.S_id],))
@@ -408,7 +408,7 @@ def t_assign_by_name(sc: Scene) -> Draft:
 
 
 def t_assign_find_free(sc: Scene) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     eid = sc.pick_entity(sp.assignable)
     rec = sc.entities[eid]
     cat, current = rec[sp.CAT], rec[sp.S_id]
@@ -428,7 +428,7 @@ def t_assign_find_free(sc: Scene) -> Draft:
 
 
 def t_assign_fallback(sc: Scene) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     eid = sc.pick_entity(sp.assignable)
     rec = sc.entities[eid]
     cat, current = rec[sp.CAT], rec[sp.S_id]
@@ -539,7 +539,7 @@ def _free_by_category(sc: Scene) -> dict[str, int]:
 
 
 def t_delete_authorized(sc: Scene) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     statuses = (sp.closed,) if sp.delete_requires_closed else sp.domain.statuses
     eid = sc.pick_entity(statuses)
     actor = sc.allowed_actor()
@@ -558,7 +558,7 @@ def t_delete_authorized(sc: Scene) -> Draft:
 
 
 def t_delete_escalate(sc: Scene) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     statuses = (sp.closed,) if sp.delete_requires_closed else sp.domain.statuses
     eid = sc.pick_entity(statuses)
     asker, backup = sc.denied_actor(), sc.allowed_actor()
@@ -635,7 +635,7 @@ def t_aggregate_conditional(sc: Scene) -> Draft:
 
 
 def t_chain_activate_assign(sc: Scene) -> Draft:
-    sp, st, w = sc.spec, sc.st, _words(sc.spec)
+    sp, w = sc.spec, _words(sc.spec)
     eid = sc.pick_entity((sp.pending,))
     rec = sc.entities[eid]
     sid = sc.free_slot(rec[sp.CAT])

@@ -204,7 +204,7 @@ def _multi_step():
                   others_unchanged("existing orders unchanged", "orders", [])]
         actions = [act("find_product_by_name", name=name), act("set_stock_level", sku=sku, quantity=level),
                    act("create_order", sku=sku, quantity=qty), act("ship_order", order_id="O006"),
-                   reply(f"Stock updated and order O006 shipped.")]
+                   reply("Stock updated and order O006 shipped.")]
         out.append(TaskSpec(text, s, checks, actions, "multi_step",
                             wrong=[[act("create_order", sku=sku, quantity=qty), act("ship_order", order_id="O006"), reply("done")]]))
     return out
