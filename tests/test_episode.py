@@ -11,18 +11,12 @@ import pytest
 from envsched_jax.envs.episode import Episode, EpisodeError, run_actions, with_turn_ends
 from envsched_jax.envs.inprocess import load_class, run_episode
 from envsched_jax.envs.replay import replay, same_state
-from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool, unavailable_reason
+from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool
 from envsched_jax.envs.trajectory import read_trajectories, write_trajectories
 from envsched_jax.pool.model import Action, Check, Environment, Pool, PoolError, Task
 from envsched_jax.pool.sources import load_pool
 
-
-def sandbox_param(kind: str):
-    marks = [pytest.mark.docker] if kind == "docker" else []
-    reason = unavailable_reason(kind)
-    if reason:
-        marks.append(pytest.mark.skip(reason=f"{kind} sandbox unavailable here: {reason}"))
-    return pytest.param(kind, marks=marks, id=kind)
+from sandbox_helpers import sandbox_param
 
 
 ALL = [sandbox_param("inprocess"), sandbox_param("bwrap"), sandbox_param("docker")]

@@ -15,7 +15,7 @@ from envsched_jax.envs.identifier_filter import (
 from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool
 from envsched_jax.pool.model import Action, Check, Environment, Pool, Task
 from envsched_jax.pool.sources import load_pool
-from tests.test_sandbox_hostile import sandbox_param
+from sandbox_helpers import sandbox_param
 
 ACCOUNTS_SOURCE = '''
 class Accounts:

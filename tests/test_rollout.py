@@ -12,7 +12,8 @@ from envsched_jax.envs.sandbox import SandboxConfig, SandboxLimits, make_worker_
 from envsched_jax.pool.embedded import wrong_action_sequences
 from envsched_jax.pool.model import Action, Pool
 from envsched_jax.pool.sources import load_pool
-from tests.test_sandbox_hostile import hostile_pool, sandbox_param
+from sandbox_helpers import sandbox_param
+from tests.test_sandbox_hostile import hostile_pool
 
 MiB = 2**20
 

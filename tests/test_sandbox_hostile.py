@@ -19,20 +19,13 @@ from envsched_jax.envs.sandbox import (
     SandboxLimits,
     UntrustedEnvironment,
     make_worker_pool,
-    unavailable_reason,
 )
 from envsched_jax.pool.model import Action, Check, Environment, Pool, Task
 
+from sandbox_helpers import sandbox_param
+
 MiB = 2**20
 PROJECT_README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def sandbox_param(kind: str):
-    marks = [pytest.mark.docker] if kind == "docker" else []
-    reason = unavailable_reason(kind)
-    if reason:
-        marks.append(pytest.mark.skip(reason=f"{kind} sandbox unavailable here: {reason}"))
-    return pytest.param(kind, marks=marks, id=kind)
 
 
 JAILS = [sandbox_param("bwrap"), sandbox_param("docker")]

@@ -7,6 +7,7 @@ every transport failure into a :class:`SandboxError` that names the cause.
 
 from __future__ import annotations
 
+import abc
 import time
 from typing import Any
 
@@ -14,9 +15,8 @@ from envsched_jax.envs.runtime import frames
 from envsched_jax.envs.sandbox.base import SandboxError, SandboxLimits, checked_reply
 
 
-class StreamWorker:
-    """Subclasses implement ``_send(data)``, ``_recv(n, deadline) -> bytes`` (b"" on EOF),
-    ``_kill()`` and ``_exit_cause() -> str`` (why the worker died, for the error message)."""
+class StreamWorker(abc.ABC):
+    """The shared framing logic; a transport implements the four abstract methods below."""
 
     startup_seconds: float = 0.0
 
@@ -24,13 +24,21 @@ class StreamWorker:
         self.limits = limits
         self.closed = False
 
-    def _send(self, data: bytes) -> None: raise NotImplementedError
+    @abc.abstractmethod
+    def _send(self, data: bytes) -> None:
+        """Write all of ``data`` to the worker."""
 
-    def _recv(self, n: int, deadline: float) -> bytes: raise NotImplementedError
+    @abc.abstractmethod
+    def _recv(self, n: int, deadline: float) -> bytes:
+        """Up to ``n`` bytes from the worker, waiting at most until ``deadline``; b"" on EOF."""
 
-    def _kill(self) -> None: raise NotImplementedError
+    @abc.abstractmethod
+    def _kill(self) -> None:
+        """Kill the jail (process group or container)."""
 
-    def _exit_cause(self) -> str: raise NotImplementedError
+    @abc.abstractmethod
+    def _exit_cause(self) -> str:
+        """Why the worker died, for the error message."""
 
     def _recv_exact(self, n: int, deadline: float, timeout: float) -> bytes:
         chunks, remaining = [], n
