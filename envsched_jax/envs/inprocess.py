@@ -69,20 +69,11 @@ def is_valid_tool(instance: Any, name: str) -> bool:
 
 def run_checks(task: Task, final_state: Mapping[str, Any],
                initial_state: Mapping[str, Any]) -> tuple[float, tuple[bool, ...], tuple[str | None, ...]]:
-    """Score ``final_state`` against the task's checklist: (reward, per-check pass, per-check error)."""
-    results: list[bool] = []
-    errors: list[str | None] = []
-    for k, check in enumerate(task.checks):
-        namespace: dict[str, Any] = {"initial_state": copy.deepcopy(dict(initial_state))}
-        try:
-            exec(compile(check.code, f"<check {task.task_id}[{k}]>", "exec"), namespace)
-            ok = bool(namespace["check_func"](copy.deepcopy(dict(final_state))))
-            results.append(ok)
-            errors.append(None)
-        except Exception as err:  # a failing check counts 0, by EnvScaler's rule
-            results.append(False)
-            errors.append(f"{type(err).__name__}: {err}")
-    reward = round(sum(results) / len(results), 4) if results else 0.0
+    """Score ``final_state`` against the task's checklist: (reward, per-check pass, per-check error).
+    The rule (a raising check counts 0, reward rounded to 4 decimals) is the runtime's, shared with
+    every sandbox."""
+    reward, results, errors = _core.run_checks(task.task_id, [c.code for c in task.checks],
+                                               dict(final_state), dict(initial_state))
     return reward, tuple(results), tuple(errors)
 
 
