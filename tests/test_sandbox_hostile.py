@@ -1,8 +1,11 @@
-"""Hostile environment and check code in the jailed sandboxes (bubblewrap, Docker).
+"""Hostile environment and check code in the jailed sandboxes (bubblewrap, Docker): escapes and
+resource exhaustion.
 
 Each case runs code that tries to escape or exhaust the sandbox. It must be contained within its
 limit, the episode must end with reward 0 and an error naming the cause, the worker pool must
-serve the next (honest) episode, and the host must be unchanged.
+serve the next (honest) episode, and the host must be unchanged. Attacks on the reward itself and
+on later episodes are in ``test_sandbox_integrity.py``. (The in-process sandbox runs trusted
+code only; it is tested for refusing everything else.)
 """
 
 from __future__ import annotations
@@ -138,7 +141,8 @@ def test_resource_attack_is_contained(jail, tool, arguments, cause):
     assert traj.error is not None and cause in traj.error, traj.error
     assert all(cause in e for e in traj.check_errors)
     _still_serves(jail, tasks)
-    assert jail.num_replaced == replaced + 1  # the worker that hit the limit was replaced
+    # the episode's processes were killed and cleaned up; the jail itself serves on
+    assert jail.num_replaced == replaced
 
 
 def test_fork_bomb_error_names_the_process_limit(jail):

@@ -8,8 +8,13 @@ Everything is recorded into a :class:`~envsched_jax.envs.trajectory.Trajectory`.
 
 A sandbox failure (a limit, a crash, a wall-clock timeout) ends the episode at once with reward 0
 and an error naming the cause (``"cpu: CPU time limit exceeded"``, ``"wall_clock: ..."``); the
-worker is replaced if it is no longer trustworthy. A wrong use of the API (``step`` after the end)
-raises :class:`EpisodeError`.
+worker is replaced if it is no longer trustworthy. So does anything else that goes wrong between
+``reset`` and ``score`` (a request too large to send, a malformed reply): the worker is always
+given back, and the episode always ends with a named error. What a worker reports as the score is
+validated where it enters this process (:func:`validate_score`: a finite reward in [0, 1] equal
+to the fraction of passed checks, one boolean per declared check); a score that fails ends the
+episode with reward 0 and an ``invalid_score`` error. A wrong use of the API (``step`` after the
+end) raises :class:`EpisodeError`.
 
 :func:`run_actions` plays a fixed action sequence in one round trip (replay, benchmarks,
 reference checks); :func:`with_turn_ends` turns a multi-turn reference sequence (actions tagged
@@ -20,11 +25,12 @@ every turn.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envsched_jax.envs.runtime.core import CHAT_WITH_USER
+from envsched_jax.envs.runtime.core import CHAT_WITH_USER, reward_of
 from envsched_jax.envs.sandbox.base import SandboxError, Worker, WorkerPool
 from envsched_jax.envs.trajectory import Trajectory
 from envsched_jax.pool.model import Action, Environment, Task
@@ -62,6 +68,44 @@ def episode_spec(env: Environment, task: Task, max_steps: int | None = None) -> 
         "holdout_prompt": task.metadata.get("holdout_prompt", ""),
         "tool_names": list(env.tool_names), "max_steps": max_steps,
     }
+
+
+def validate_score(reply: Mapping[str, Any], num_checks: int) -> None:
+    """Raise :class:`SandboxError` (``invalid_score``) unless ``reply`` is a well-formed score of a
+    task with ``num_checks`` checks: a finite reward in [0, 1] equal to the fraction of passed
+    checks (to 4 decimals, as every executor rounds it), one boolean and one error (string or
+    None) per check, a string end reason."""
+    def bad(message: str) -> SandboxError:
+        return SandboxError("invalid_score", message, retire=True)
+
+    reward = reply.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise bad(f"reward {reward!r} is not a number")
+    if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+        raise bad(f"reward {reward!r} is not a finite number in [0, 1]")
+    results, errors = reply.get("check_results"), reply.get("check_errors")
+    if not isinstance(results, list) or len(results) != num_checks:
+        raise bad(f"check_results has {len(results) if isinstance(results, list) else results!r} "
+                  f"entries for {num_checks} declared checks")
+    if not all(isinstance(r, bool) for r in results):
+        raise bad("check_results holds a value that is not a boolean")
+    if (not isinstance(errors, list) or len(errors) != num_checks
+            or not all(e is None or isinstance(e, str) for e in errors)):
+        raise bad(f"check_errors is not one string or null per check ({num_checks})")
+    if abs(reward - reward_of(results)) > 1e-9:
+        raise bad(f"reward {reward!r} is not the fraction of passed checks "
+                  f"({sum(results)} of {num_checks})")
+    if not isinstance(reply.get("end_reason"), str):
+        raise bad(f"end_reason {reply.get('end_reason')!r} is not a string")
+    if not (reply.get("error") is None or isinstance(reply.get("error"), str)):
+        raise bad("error is neither a string nor null")
+
+
+def _unexpected(err: BaseException) -> SandboxError:
+    """A named, retiring sandbox error for anything unexpected between reset and score."""
+    if isinstance(err, SandboxError):
+        return err
+    return SandboxError("protocol", f"{type(err).__name__}: {err}", retire=True)
 
 
 def action_json(action: Action | Mapping[str, Any]) -> dict[str, Any]:
@@ -124,30 +168,37 @@ class Episode:
         self.trajectory: Trajectory | None = None
 
     # -- plumbing -------------------------------------------------------------------------
+    def remaining_seconds(self) -> float:
+        """Time left before the episode's timeout (infinite without one)."""
+        return self._deadline - time.monotonic()
+
+    def _timeout_error(self) -> SandboxError:
+        return SandboxError("wall_clock", f"episode timeout of {self.timeout:g} s exceeded",
+                            retire=False)
+
     def _request(self, message: dict[str, Any]) -> dict[str, Any]:
         limit = self.pool.backend.limits.wall_seconds
-        remaining = self._deadline - time.monotonic()
+        remaining = self.remaining_seconds()
         if remaining <= 0:
-            raise SandboxError("wall_clock", f"episode timeout of {self.timeout:g} s exceeded",
-                               retire=False)
-        timeout = min(limit, remaining)
+            raise self._timeout_error()
         try:
-            return self._worker.request(message, timeout)
+            return self._worker.request(message, min(limit, remaining))
         except SandboxError as err:
             if err.kind == "wall_clock" and remaining < limit:
                 raise SandboxError("wall_clock", f"episode timeout of {self.timeout:g} s "
-                                   "exceeded; the sandbox was killed", retire=True) from None
+                                   "exceeded; its processes were killed",
+                                   retire=err.retire) from None
             raise
 
-    def _fail(self, err: SandboxError) -> None:
-        self._failure = err
+    def _fail(self, err: BaseException) -> None:
+        self._failure = _unexpected(err)
         self.done = True
-        self._release(healthy=not err.retire)
+        self._release(healthy=not self._failure.retire)
 
     def _release(self, healthy: bool) -> None:
         if self._worker is not None:
-            self.pool.give_back(self._worker, healthy)
-            self._worker = None
+            worker, self._worker = self._worker, None
+            self.pool.give_back(worker, healthy)
 
     # -- the API --------------------------------------------------------------------------
     def reset(self, task: Task) -> Any:
@@ -155,17 +206,19 @@ class Episode:
             raise EpisodeError("reset called twice: use a new Episode per task")
         self._task = task
         self._start = time.monotonic()
-        self._deadline = self._start + self.timeout if self.timeout else float("inf")
-        self._worker = self.pool.lease()
+        self._events.append({"kind": "reset", "observation": None, "state": {}})
         try:
+            # the wait for a worker (and its start-up) is bounded by the timeout too, but not
+            # charged to the episode: its clock starts when it has a worker
+            self._worker = self.pool.lease(timeout=self.timeout)
+            self._deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
             reply = self._request({"op": "reset",
                                    "spec": episode_spec(self.env, task, self.max_steps)})
-        except SandboxError as err:
-            self._events.append({"kind": "reset", "observation": None, "state": {}})
+            self._events[-1] = {"kind": "reset", "observation": reply["observation"],
+                                "state": reply["state"]}
+        except Exception as err:
             self._fail(err)
             return None
-        self._events.append({"kind": "reset", "observation": reply["observation"],
-                             "state": reply["state"]})
         return reply["observation"]
 
     def step(self, action: Action | Mapping[str, Any]) -> StepResult:
@@ -177,16 +230,20 @@ class Episode:
         self._actions.append(act)
         try:
             reply = self._request({"op": "step", "action": act})
-        except SandboxError as err:
+            done = reply["done"]
+            if not isinstance(done, bool):
+                raise SandboxError("protocol", f"step reply with done={done!r}", retire=True)
+            event = {"kind": "step", "action": act, "observation": reply["observation"],
+                     "state_change": reply["state_change"], "done": done,
+                     "turn": reply.get("turn", 0)}
+        except Exception as err:
             self._events.append({"kind": "step", "action": act, "observation": None,
-                                 "state_change": {}, "done": True, "error": str(err)})
+                                 "state_change": {}, "done": True, "error": str(_unexpected(err))})
             self._fail(err)
             return StepResult(None, True)
-        self.done = bool(reply["done"])
-        self._events.append({"kind": "step", "action": act, "observation": reply["observation"],
-                             "state_change": reply["state_change"], "done": self.done,
-                             "turn": reply.get("turn", 0)})
-        return StepResult(reply["observation"], self.done)
+        self.done = done
+        self._events.append(event)
+        return StepResult(reply["observation"], done)
 
     def score(self) -> Score:
         if self._task is None:
@@ -196,18 +253,15 @@ class Episode:
         if self._failure is None:
             try:
                 reply = self._request({"op": "score"})
-            except SandboxError as err:
+                validate_score(reply, len(self._task.checks))
+            except Exception as err:
                 self._fail(err)
             else:
                 self._release(healthy=True)
                 self.done = True
                 self._finish(reply)
         if self._failure is not None:
-            n = len(self._task.checks)
-            self._finish({"reward": 0.0, "check_results": [False] * n,
-                          "check_errors": [str(self._failure)] * n, "final_state": {},
-                          "end_reason": f"sandbox_{self._failure.kind}",
-                          "error": str(self._failure)})
+            self._finish(failure_score(self._failure, len(self._task.checks)))
         t = self.trajectory
         return Score(t.reward, tuple(t.check_results), tuple(t.check_errors), t.error,
                      t.end_reason)
@@ -225,41 +279,63 @@ class Episode:
             final_state=reply["final_state"], wall_seconds=time.monotonic() - self._start)
 
     def close(self) -> None:
-        """Give the worker back without scoring (e.g. the caller gave up)."""
-        self._release(healthy=False)
+        """End the episode without scoring (e.g. the caller gave up). The worker is asked to
+        discard the episode and kept; if it cannot, it is replaced."""
+        if self._worker is not None:
+            try:
+                self._worker.request({"op": "abort"},
+                                     min(self.pool.backend.limits.wall_seconds, 5.0))
+                healthy = True
+            except Exception:
+                healthy = False
+            self._release(healthy)
         self.done = True
+
+
+def failure_score(err: SandboxError, num_checks: int) -> dict[str, Any]:
+    """The score of an episode that failed with ``err``: reward 0, the error on every check."""
+    return {"reward": 0.0, "check_results": [False] * num_checks,
+            "check_errors": [str(err)] * num_checks, "final_state": {},
+            "end_reason": f"sandbox_{err.kind}", "error": str(err)}
 
 
 def run_actions(pool: WorkerPool, env: Environment, task: Task,
                 actions: Sequence[Action | Mapping[str, Any]], *, max_steps: int | None = None,
                 timeout: float | None = None) -> Trajectory:
     """Play a fixed action sequence as one episode in one worker round trip; the trajectory is
-    the same as stepping through the actions one by one."""
+    the same as stepping through the actions one by one. Always returns: a failure of any kind
+    gives a reward-0 trajectory whose ``error`` names it, and the worker is given back."""
     pool.admit(env)
     acts = [action_json(a) for a in actions]
     limit = pool.backend.limits.wall_seconds
     start = time.monotonic()
-    worker = pool.lease()
+    worker = None
     try:
+        worker = pool.lease(timeout=timeout)  # bounded, but not charged to the episode
         reply = worker.request({"op": "run", "spec": episode_spec(env, task, max_steps),
-                                "actions": acts},
-                               min(limit, timeout) if timeout else limit)
-    except SandboxError as err:
-        pool.give_back(worker, healthy=not err.retire)
+                                "actions": acts}, min(limit, timeout) if timeout else limit)
+        record = reply["record"]
+        validate_score(record["score"], len(task.checks))
+        trajectory = trajectory_from_record(record, task, env, pool.kind, acts,
+                                            time.monotonic() - start)
+    except Exception as err:
+        err = _unexpected(err)
         if err.kind == "wall_clock" and timeout and timeout < limit:
-            err = SandboxError("wall_clock", f"episode timeout of {timeout:g} s exceeded; the "
-                               "sandbox was killed", retire=True)
-        n = len(task.checks)
+            err = SandboxError("wall_clock", f"episode timeout of {timeout:g} s exceeded; its "
+                               "processes were killed", retire=err.retire)
+        if worker is not None:
+            pool.give_back(worker, healthy=not err.retire)
+        score = failure_score(err, len(task.checks))
         return Trajectory(task.task_id, env.env_id, pool.kind, acts,
                           [{"kind": "reset", "observation": None, "state": {}}], 0.0,
-                          [False] * n, [str(err)] * n, f"sandbox_{err.kind}", str(err), {},
-                          time.monotonic() - start)
+                          score["check_results"], score["check_errors"], score["end_reason"],
+                          score["error"], {}, time.monotonic() - start)
     except BaseException:
-        pool.give_back(worker, healthy=False)
+        if worker is not None:
+            pool.give_back(worker, healthy=False)
         raise
     pool.give_back(worker, healthy=True)
-    return trajectory_from_record(reply["record"], task, env, pool.kind, acts,
-                                  time.monotonic() - start)
+    return trajectory
 
 
 def trajectory_from_record(record: Mapping[str, Any], task: Task, env: Environment, sandbox: str,

@@ -3,9 +3,11 @@
 :class:`RolloutPool` runs a list of :class:`RolloutJob` (a task plus either a fixed action
 sequence or a policy) with one thread per worker; the threads only wait on their worker's pipe,
 so the episodes really run in parallel, one per jailed worker. Every episode has a wall-clock
-timeout; an episode that fails in any way (a limit, a crash, a timeout, a policy that raises)
-gives a reward-0 trajectory whose ``error`` names the cause, and never costs another episode its
-result. Results come back in job order. :func:`group_rewards` turns them into the ``[B, K]``
+timeout, which bounds the wait for a worker and every sandbox request, and is checked between
+policy calls (a policy call itself is not interrupted); an episode that fails in any way (a limit,
+a crash, a timeout, a policy that raises, a request too large to send, a malformed reply) gives a
+reward-0 trajectory whose ``error`` names the cause, gives its worker back, and never costs
+another episode its result: :meth:`RolloutPool.run` always returns. Results come back in job order. :func:`group_rewards` turns them into the ``[B, K]``
 reward matrix the schedulers observe (the paper's step: B = 64 tasks x K = 8 rollouts).
 """
 
@@ -86,14 +88,19 @@ class RolloutPool:
                            f"{type(err).__name__}: {err}")
 
     def _run_policy(self, job: RolloutJob, env) -> Trajectory:
-        episode = Episode(self.workers, env, max_steps=self.config.max_steps,
-                          timeout=self.config.episode_timeout_s)
+        timeout = self.config.episode_timeout_s
+        episode = Episode(self.workers, env, max_steps=self.config.max_steps, timeout=timeout)
         observations = [episode.reset(job.task)]
         try:
             while not episode.done:
                 action = job.policy(job.task, observations)
                 if action is None:
                     break
+                if episode.remaining_seconds() <= 0:
+                    episode.close()
+                    return _failed(job, "wall_clock", self.workers, env.env_id,
+                                   f"episode timeout of {timeout:g} s exceeded (the policy "
+                                   "was still acting)")
                 observations.append(episode.step(action).observation)
         except Exception as err:
             episode.close()

@@ -18,6 +18,16 @@ Semantics (EnvScaler's runner, ``shared/design/pools.md``; the same rules as
 - ``score``: the mean over the checklist of ``check_func(final_state)`` with a global
   ``initial_state`` injected, rounded to 4 decimals; a check that raises counts 0.
 
+Scoring is split in two so that the checks never share a process with environment code: the
+episode's process ends with :meth:`EpisodeCore.final_payload` (the initial and final states in the
+tagged JSON of :func:`encode_state`, the per-turn states, how the episode ended), and
+:func:`check_payload` runs the checks on that payload, decoded afresh (the jailed supervisor runs
+it in a new process; in-process it runs inline, on the same encoding, so every sandbox scores the
+same values). :func:`assemble_score` computes the reward from the check results alone. Checks
+therefore see a copy of the state rebuilt from data: dicts, lists, tuples, sets, bytes, numbers,
+strings and ``None`` exactly; any other object as a :class:`StateObject` carrying its class name
+and attributes (a back-reference to an enclosing object as a :class:`StateRef`).
+
 Multi-turn episodes (BFCL-v3) add scripted user turns: ``reset`` shows turn 0, and
 ``chat_with_user`` (the agent's reply that closes a turn) shows the next scripted turn instead of
 ending the episode; the episode ends after the last turn. Tools listed in ``withheld_tools``
@@ -34,8 +44,10 @@ environment code catching ``Exception`` cannot swallow it), which ends the episo
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import marshal
 import math
 import types
 
@@ -79,9 +91,150 @@ def to_jsonable(value):
     return json.loads(encode(value))
 
 
-def load_class(env_id: str, class_name: str, class_source: str):
+MAX_STATE_DEPTH = 100
+"""Deepest nesting of containers and objects in a state that :func:`encode_state` accepts."""
+_TAG = "__t__"
+
+
+class StateError(ValueError):
+    """A state that cannot be carried to the checks (too deep, a key that cannot be encoded)."""
+
+
+class StateObject:
+    """An object of the environment's state as the checks see it: its class name
+    (``__class_name__``) and its attributes, rebuilt from data (no environment code runs)."""
+
+    def __init__(self, class_name: str, attrs: dict):
+        self.__dict__.update(attrs)
+        self.__class_name__ = class_name
+
+    def __eq__(self, other):
+        return (isinstance(other, StateObject) and vars(self) == vars(other))
+
+    __hash__ = None
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "__class_name__")
+        return f"{self.__class_name__}({fields})"
+
+
+class StateRef:
+    """A reference back to an enclosing object of the state (a cycle), by class name."""
+
+    def __init__(self, class_name: str):
+        self.class_name = class_name
+
+    def __eq__(self, other):
+        return isinstance(other, StateRef) and other.class_name == self.class_name
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"<ref {self.class_name}>"
+
+
+def public_attrs(instance) -> dict:
+    """The instance's attributes without dunders: the state (not copied)."""
+    return {k: v for k, v in vars(instance).items() if not k.startswith("__")}
+
+
+def encode_state(value, _depth: int = 0, _ancestors: tuple = ()):
+    """``value`` as tagged JSON that :func:`decode_state` turns back into equal built-in values."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        if value.bit_length() > 10_000:  # json cannot read back more than 4,300 digits
+            return {_TAG: "int", "hex": hex(value)}
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else {_TAG: "float", "repr": repr(value)}
+    if _depth >= MAX_STATE_DEPTH:
+        raise StateError(f"state nested deeper than {MAX_STATE_DEPTH} levels")
+    if id(value) in _ancestors:
+        return {_TAG: "ref", "class": type(value).__name__}
+    depth, inner = _depth + 1, _ancestors + (id(value),)
+    if isinstance(value, dict):
+        if all(type(k) is str for k in value) and _TAG not in value:
+            return {k: encode_state(v, depth, inner) for k, v in value.items()}
+        return {_TAG: "dict", "items": [[encode_state(k, depth, inner), encode_state(v, depth, inner)]
+                                        for k, v in value.items()]}
+    if isinstance(value, list):
+        return [encode_state(v, depth, inner) for v in value]
+    if isinstance(value, (tuple, set, frozenset)):
+        kind = ("tuple" if isinstance(value, tuple)
+                else "frozenset" if isinstance(value, frozenset) else "set")
+        return {_TAG: kind, "items": [encode_state(v, depth, inner) for v in value]}
+    if isinstance(value, (bytes, bytearray)):
+        return {_TAG: "bytes", "hex": bytes(value).hex()}
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        return {_TAG: "object", "class": type(value).__name__,
+                "attrs": {str(k): encode_state(v, depth, inner) for k, v in attrs.items()
+                          if not str(k).startswith("__")}}
+    return {_TAG: "repr", "class": type(value).__name__, "repr": repr(value)[:10_000]}
+
+
+def decode_state(data, _depth: int = 0):
+    """The value :func:`encode_state` encoded (objects as :class:`StateObject`)."""
+    if data is None or isinstance(data, (bool, int, float, str)):
+        return data
+    if _depth >= 3 * MAX_STATE_DEPTH + 3:
+        raise StateError(f"state nested deeper than {MAX_STATE_DEPTH} levels")
+    depth = _depth + 1
+    if isinstance(data, list):
+        return [decode_state(v, depth) for v in data]
+    if not isinstance(data, dict):
+        raise StateError(f"unexpected {type(data).__name__} in an encoded state")
+    tag = data.get(_TAG)
+    if tag is None:
+        return {k: decode_state(v, depth) for k, v in data.items()}
+    if tag == "dict":
+        return {_hashable(decode_state(k, depth)): decode_state(v, depth) for k, v in data["items"]}
+    if tag in ("tuple", "set", "frozenset"):
+        items = [decode_state(v, depth) for v in data["items"]]
+        if tag == "tuple":
+            return tuple(items)
+        items = [_hashable(v) for v in items]
+        return set(items) if tag == "set" else frozenset(items)
+    if tag == "int":
+        return int(data["hex"], 16)
+    if tag == "float":
+        return float(data["repr"])
+    if tag == "bytes":
+        return bytes.fromhex(data["hex"])
+    if tag == "object":
+        return StateObject(str(data["class"]), {str(k): decode_state(v, depth)
+                                                for k, v in data["attrs"].items()})
+    if tag == "ref":
+        return StateRef(str(data["class"]))
+    if tag == "repr":
+        return StateObject(str(data["class"]), {"repr": str(data["repr"])})
+    raise StateError(f"unknown tag {tag!r} in an encoded state")
+
+
+def _hashable(value):
+    try:
+        hash(value)
+    except TypeError:
+        raise StateError(f"an unhashable {type(value).__name__} as a set member or dict key") from None
+    return value
+
+
+def compile_class_source(env_id: str, class_source: str):
+    return compile(class_source, f"<environment {env_id}>", "exec")
+
+
+def load_class(env_id: str, class_name: str, class_source: str, compiled: bytes | None = None):
+    """The environment's class: ``class_source`` executed in a fresh module. ``compiled`` is the
+    source's code object as :mod:`marshal` bytes, made by a process that only compiled it (the
+    jailed supervisor caches it per source; compiling costs a fresh process milliseconds)."""
     module = types.ModuleType(f"envsched_env_{env_id}")
-    exec(compile(class_source, f"<environment {env_id}>", "exec"), module.__dict__)
+    code = marshal.loads(compiled) if compiled is not None else None
+    if not isinstance(code, types.CodeType):
+        code = compile_class_source(env_id, class_source)
+    exec(code, module.__dict__)
     cls = module.__dict__.get(class_name)
     if not isinstance(cls, type):
         raise ValueError(f"environment {env_id!r}: class_source defines no class {class_name!r}")
@@ -120,14 +273,32 @@ def with_turns(final_state: dict, turn_states, num_turns: int) -> dict:
     return {**final_state, TURNS_KEY: states}
 
 
-def run_checks(task_id: str, checks, final_state, initial_state):
-    """(reward, per-check pass, per-check error). A check that raises counts 0; a resource limit
-    (and ``MemoryError``) is not a check failure and propagates."""
-    results, errors = [], []
+def compile_checks(task_id: str, checks) -> list:
+    """Each check's code object, or the exception its compilation raised (that check then
+    counts 0 with the error, as a check that raises)."""
+    out = []
     for k, code in enumerate(checks):
+        try:
+            out.append(compile(code, f"<check {task_id}[{k}]>", "exec"))
+        except MemoryError:
+            raise
+        except Exception as err:
+            out.append(err)
+    return out
+
+
+def run_checks(task_id: str, checks, final_state, initial_state, compiled=None):
+    """(reward, per-check pass, per-check error). A check that raises counts 0; a resource limit
+    (and ``MemoryError``) is not a check failure and propagates. ``compiled`` is
+    :func:`compile_checks` of ``checks``, when already made."""
+    compiled = compile_checks(task_id, checks) if compiled is None else compiled
+    results, errors = [], []
+    for code in compiled:
         namespace = {"initial_state": copy.deepcopy(initial_state)}
         try:
-            exec(compile(code, f"<check {task_id}[{k}]>", "exec"), namespace)
+            if isinstance(code, BaseException):
+                raise code
+            exec(code, namespace)
             ok = bool(namespace["check_func"](copy.deepcopy(final_state)))
             results.append(ok)
             errors.append(None)
@@ -162,9 +333,11 @@ class EpisodeCore:
     # -- phases ---------------------------------------------------------------------------
     def reset(self) -> dict:
         spec = self.spec
-        cls = self._cls or load_class(spec["env_id"], spec["class_name"], spec["class_source"])
+        compiled = spec.get("compiled_class")
+        cls = self._cls or load_class(spec["env_id"], spec["class_name"], spec["class_source"],
+                                      base64.b64decode(compiled) if compiled else None)
         self.instance = instantiate(cls, spec["initial_state"])
-        self._initial_state = snapshot(self.instance)
+        self._initial_state = encode_state(public_attrs(self.instance))
         self._last_texts = state_texts(self.instance)
         return {"observation": self._turn_observation(0),
                 "state": {k: json.loads(v) for k, v in self._last_texts.items()}}
@@ -259,31 +432,105 @@ class EpisodeCore:
         if not self.done:
             self._end(reason)
 
-    def score(self) -> dict:
+    def final_payload(self) -> dict:
+        """End the episode and return what the checks need, as data: the initial and final
+        states (:func:`encode_state`), the per-turn states, how the episode ended; plus the final
+        state as plain JSON for the trajectory."""
         if self.instance is None:
             raise EpisodeStateError("score before reset")
         self.finish()
-        final = snapshot(self.instance)
-        checks = self.spec["checks"]
-        if self.end_reason == "tool_error":
-            reward, results, errors = 0.0, [False] * len(checks), [self.error] * len(checks)
-        else:
-            seen = with_turns(final, self.turn_states, len(self.spec.get("user_turns") or []))
-            reward, results, errors = run_checks(self.spec["task_id"], checks, seen, self._initial_state)
-        return {"reward": reward, "check_results": results, "check_errors": errors,
-                "final_state": to_jsonable(final), "end_reason": self.end_reason,
-                "error": self.error, "turn_states": self.turn_states,
-                "num_steps": self.num_steps}
+        final = public_attrs(self.instance)
+        return {"final": encode_state(final), "initial": self._initial_state,
+                "turn_states": self.turn_states, "end_reason": self.end_reason,
+                "error": self.error, "num_steps": self.num_steps,
+                "final_state": to_jsonable(final)}
+
+    def score(self) -> dict:
+        """Final payload, checks and reward in this process (the in-process sandbox)."""
+        payload = self.final_payload()
+        return assemble_score(payload, check_payload(self.spec, payload))
+
+
+def check_payload(spec: dict, payload: dict, compiled=None) -> dict:
+    """Run the task's checks on a :meth:`EpisodeCore.final_payload`: per-check results and
+    errors. An episode ended by a raising tool fails every check (EnvScaler). ``compiled``:
+    :func:`compile_checks` of the checks, when already made."""
+    checks = spec["checks"]
+    if payload.get("end_reason") == "tool_error":
+        return {"check_results": [False] * len(checks),
+                "check_errors": [payload.get("error")] * len(checks)}
+    final = decode_state(payload["final"])
+    if not isinstance(final, dict):
+        raise StateError("the final state is not a mapping")
+    seen = with_turns(final, payload.get("turn_states") or [], len(spec.get("user_turns") or []))
+    _, results, errors = run_checks(spec["task_id"], checks, seen, decode_state(payload["initial"]),
+                                    compiled)
+    return {"check_results": results, "check_errors": errors}
+
+
+def reward_of(check_results) -> float:
+    """The reward: the fraction of checks passed, rounded to 4 decimals (0 without checks)."""
+    results = list(check_results)
+    return round(sum(1 for r in results if r is True) / len(results), REWARD_DECIMALS) if results else 0.0
+
+
+def assemble_score(payload: dict, checked: dict) -> dict:
+    """The score reply: the reward computed here from the check results, and the payload's
+    record fields."""
+    return {"reward": reward_of(checked["check_results"]),
+            "check_results": checked["check_results"], "check_errors": checked["check_errors"],
+            "final_state": payload["final_state"], "end_reason": payload["end_reason"],
+            "error": payload["error"], "turn_states": payload["turn_states"],
+            "num_steps": payload["num_steps"]}
+
+
+def play_actions(core: EpisodeCore, actions) -> dict:
+    """Reset ``core`` and apply ``actions`` until the episode ends: ``{"reset", "steps"}``."""
+    record = {"reset": core.reset(), "steps": []}
+    for action in actions:
+        if core.done:
+            break
+        record["steps"].append(core.step(action))
+    return record
 
 
 def run_actions(spec: dict, actions, cls=None) -> dict:
     """Reset, apply ``actions`` until the episode ends, score: one whole episode as a record
     ``{"reset", "steps", "score"}`` (used for fixed action sequences: replay, benchmarks)."""
     core = EpisodeCore(spec, cls)
-    record = {"reset": core.reset(), "steps": []}
-    for action in actions:
-        if core.done:
-            break
-        record["steps"].append(core.step(action))
+    record = play_actions(core, actions)
     record["score"] = core.score()
     return record
+
+
+_WARM_UP_SPEC = {
+    "env_id": "warm-up", "class_name": "WarmUp", "task_id": "warm-up", "instruction": "",
+    "class_source": (
+        "class WarmUp:\n"
+        "    def __init__(self, init_config):\n"
+        "        self.records = {'r1': {'name': 'a', 'tags': ['x', 'y'], 'n': 1.5}}\n"
+        "        self.log = []\n"
+        "    def update(self, key, value):\n"
+        "        self.records.setdefault(key, {})['name'] = value\n"
+        "        self.log.append({'op': 'update', 'key': key})\n"
+        "        return {'success': True, 'data': self.records[key]}\n"),
+    "initial_state": {"records": {"r0": {"name": "b", "tags": [], "n": 2}}},
+    "checks": ["def check_func(final_state):\n    return final_state['records']['r0']['name'] == 'c'\n",
+               "def check_func(final_state):\n    return len(final_state['log']) == 2\n"],
+    "tool_names": ["update"], "max_observation_chars": 10_000,
+}
+
+
+def warm_up() -> None:
+    """Run a tiny built-in episode and its checks through every code path an episode takes
+    (set-up, steps, state encoding, JSON, checks). A process forked from the jail's supervisor
+    calls this while it waits for its request: the first run of these paths in a fresh process
+    costs page faults and interpreter warm-up that would otherwise fall on the episode."""
+    try:
+        episode = EpisodeCore(dict(_WARM_UP_SPEC))
+        play_actions(episode, [{"name": "update", "arguments": {"key": "r0", "value": "c"}},
+                               {"name": "update", "arguments": {"key": "r1", "value": "d"}}])
+        payload = json.loads(json.dumps(episode.final_payload()))
+        assemble_score(payload, check_payload(_WARM_UP_SPEC, payload))
+    except Exception:  # a failed warm-up costs only speed
+        pass

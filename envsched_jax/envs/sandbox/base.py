@@ -1,13 +1,14 @@
 """What every sandbox backend shares: limits, the worker handle, the reusable worker pool.
 
-A *worker* is one long-lived interpreter that serves many episodes (starting a jail costs tens of
-milliseconds for bubblewrap and about a second for Docker, an episode a millisecond). A backend
-only knows how to start one (:meth:`Backend.start_worker`); :class:`WorkerPool` reuses workers
-across episodes and replaces one whenever it crashed, hit a limit (the worker says ``retire``),
-timed out, or broke the protocol, so that nothing of a hostile episode survives into the next.
+A *worker* is one long-lived jail that serves many episodes (starting a jail costs tens of
+milliseconds for bubblewrap and about half a second for Docker; inside it, each episode runs in
+fresh processes: see :mod:`envsched_jax.envs.runtime.worker`). A backend only knows how to start
+one (:meth:`Backend.start_worker`); :class:`WorkerPool` reuses workers across episodes and
+replaces one whenever it crashed, timed out, broke the protocol or could not clean up after an
+episode (the worker then says ``retire``).
 
 Errors seen by the host are :class:`SandboxError` with a ``kind`` naming the cause (cpu, memory,
-output, processes, wall_clock, crashed, setup, protocol, state).
+output, processes, wall_clock, crashed, setup, protocol, state, input, invalid_score).
 """
 
 from __future__ import annotations
@@ -124,8 +125,12 @@ class WorkerPool:
         self.num_replaced = 0
         self.startup_seconds: list[float] = []
 
-    def lease(self) -> Worker:
-        self._slots.acquire()
+    def lease(self, timeout: float | None = None) -> Worker:
+        """A worker for one episode, started if none is idle; waits at most ``timeout`` seconds
+        for a free slot (:class:`SandboxError` ``wall_clock`` after that)."""
+        if not self._slots.acquire(timeout=timeout):
+            raise SandboxError("wall_clock", f"no sandbox worker became free within "
+                               f"{timeout:g} s (all {self.size} busy)")
         try:
             return self._idle.get_nowait()
         except queue.Empty:

@@ -13,18 +13,32 @@ all three. The tarball is deterministic (fixed owners and times), and the image 
 SHA-256 of its bytes (``envsched-sandbox:<hash>``), so it is built once per machine and reused;
 any change to its content gives a new tag.
 
-The container: ``--network none``, read-only root, a private size-limited tmpfs ``/tmp``, a
-fresh unprivileged uid per worker (:func:`.host.worker_uid`), all capabilities dropped,
+The container: ``--network none``, read-only root, a private size-limited tmpfs ``/tmp`` and
+``/dev/shm``, the installed-package folders masked by empty tmpfs mounts (:func:`.host.masked_dirs`),
+a fresh unprivileged uid per worker (:func:`.host.worker_uid`), all capabilities dropped,
 ``no-new-privileges``, a cgroup memory limit (the worker's address-space limit plus a margin,
-swap equal to it), ``--cpus``, ``--pids-limit``. The worker
-sets its own rlimits as in bubblewrap. A timed-out or crashed worker's container is removed with
-force; the backend's containers carry the label ``envsched.sandbox=1``.
+swap equal to it), ``--cpus``, ``--pids-limit``. The supervisor is the container's PID 1 and
+sets its own rlimits and seccomp filter, as in bubblewrap.
+
+Lifetime. Containers carry the label ``envsched.sandbox=1`` and ``envsched.owner=HOST:PID:START``
+naming the owning process (its start time guards against a reused PID). They are removed:
+
+- with force when the worker is closed (a timeout, a crash, the pool's ``close``);
+- by the engine when the owner dies, even by ``SIGKILL``: the container is created with
+  ``StdinOnce`` and ``AutoRemove``, so the engine closes its standard input when the owner's
+  attach connection drops, the supervisor reads end-of-file and exits, and the engine removes
+  the stopped container;
+- at interpreter exit (``atexit``) for any the owner still has;
+- at the start of every backend (:func:`remove_stale_containers`): labelled containers whose
+  owner process no longer exists on this host.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
+import os
 import socket
 import tarfile
 import threading
@@ -36,7 +50,63 @@ from envsched_jax.envs.sandbox.stream import StreamWorker
 
 IMAGE_REPOSITORY = "envsched-sandbox"
 LABEL = "envsched.sandbox"
+OWNER_LABEL = "envsched.owner"
 _STDOUT = 1
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def owner_label(pid: int | None = None) -> str:
+    """``HOST:PID:START`` of the owning process (this one by default)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+
+
+def _owner_alive(label: str) -> bool:
+    host_name, _, rest = label.partition(":")
+    pid, _, start = rest.partition(":")
+    if host_name != socket.gethostname():
+        return True  # another machine's container on a shared engine: not ours to judge
+    return pid.isdigit() and _process_start(int(pid)) == start
+
+
+def remove_stale_containers(client) -> int:
+    """Remove sandbox containers whose owner process is gone (or that carry no owner label, as
+    older versions made them); returns how many were removed."""
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        owner = container.labels.get(OWNER_LABEL)
+        if owner is None or not _owner_alive(owner):
+            try:
+                container.remove(force=True)
+                removed += 1
+            except Exception:  # removed meanwhile by the engine (AutoRemove) or another owner
+                pass
+    return removed
+
+
+def _remove_own_containers() -> None:
+    """At exit: remove the containers this process still owns."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        for container in client.containers.list(
+                all=True, filters={"label": f"{OWNER_LABEL}={owner_label()}"}):
+            container.remove(force=True)
+        client.close()
+    except Exception:
+        pass
+
+
+_atexit_registered = False
 
 
 def unavailable_reason(timeout: float = 5.0) -> str | None:
@@ -116,17 +186,21 @@ class DockerWorker(StreamWorker):
         volumes = {"/usr": {"bind": "/usr", "mode": "ro"}}
         for mount in host.mounts(site_packages):
             volumes[mount.source] = {"bind": mount.target, "mode": "ro"}
+        tmpfs = {"/tmp": f"size={limits.tmp_bytes},mode=1777"}
+        for folder in host.masked_dirs():
+            tmpfs[folder] = "size=4096,ro"
         memory = limits.memory_bytes + 128 * MiB
         uid = host.worker_uid()
         self.container = client.containers.create(
-            image, command=host.worker_argv(limits, None), stdin_open=True, detach=True,
+            image, command=host.worker_argv(limits, None, site_packages), stdin_open=True,
+            auto_remove=True, detach=False,  # detach=False sets StdinOnce (with stdin_open)
             network_mode="none", read_only=True, user=f"{uid}:{uid}",
             mem_limit=memory, memswap_limit=memory, nano_cpus=int(cpus * 1e9),
             pids_limit=limits.max_processes, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], volumes=volumes,
-            tmpfs={"/tmp": f"size={limits.tmp_bytes},mode=1777"}, working_dir="/tmp",
+            security_opt=["no-new-privileges"], volumes=volumes, tmpfs=tmpfs,
+            shm_size=limits.tmp_bytes, working_dir="/tmp",
             environment={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
-            labels={LABEL: "1"})
+            labels={LABEL: "1", OWNER_LABEL: owner_label()})
         try:
             self._sock_io = self.container.attach_socket(
                 params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
@@ -211,7 +285,12 @@ class DockerBackend:
             raise SandboxUnavailable(reason)
         import docker
 
+        global _atexit_registered
         self.client = docker.from_env(timeout=120)
+        self.stale_removed = remove_stale_containers(self.client)
+        if not _atexit_registered:
+            atexit.register(_remove_own_containers)
+            _atexit_registered = True
         self.image = ensure_image(self.client)
         self.limits = limits
         self.site_packages = site_packages

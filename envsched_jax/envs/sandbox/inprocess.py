@@ -36,6 +36,9 @@ class InProcessWorker:
         try:
             if op == "hello":
                 return {"ok": True, "pid": 0, "uid": -1, "python": "in-process"}
+            if op == "abort":
+                self.episode = None
+                return {"ok": True}
             if op in ("reset", "run"):
                 spec = message["spec"]
                 cls = self.backend.trusted_class(spec["env_id"])

@@ -3,16 +3,27 @@
 The transports differ only in how bytes move (a pipe pair for bubblewrap, Docker's multiplexed
 attach socket) and how the jail is killed; :class:`StreamWorker` holds the shared logic and turns
 every transport failure into a :class:`SandboxError` that names the cause.
+
+Every request carries a sequence number, a random nonce and its time allowance (``time_limit``);
+the supervisor echoes the first two, and a reply that does not match its request (a forged or
+stale frame) is a ``protocol`` error that retires the worker. The supervisor enforces the
+allowance itself (and answers ``wall_clock``); the parent waits :data:`GRACE_SECONDS` longer
+before it declares the supervisor hung and kills the jail.
 """
 
 from __future__ import annotations
 
 import abc
+import itertools
+import secrets
 import time
 from typing import Any
 
 from envsched_jax.envs.runtime import frames
 from envsched_jax.envs.sandbox.base import SandboxError, SandboxLimits, checked_reply
+
+GRACE_SECONDS = 5.0
+"""How much longer than a request's allowance the parent waits for the supervisor's answer."""
 
 
 class StreamWorker(abc.ABC):
@@ -23,6 +34,7 @@ class StreamWorker(abc.ABC):
     def __init__(self, limits: SandboxLimits):
         self.limits = limits
         self.closed = False
+        self._seq = itertools.count(1)
 
     @abc.abstractmethod
     def _send(self, data: bytes) -> None:
@@ -61,22 +73,37 @@ class StreamWorker(abc.ABC):
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self.closed:
             raise SandboxError("crashed", "the worker was already closed", retire=True)
-        deadline = time.monotonic() + timeout
+        seq, nonce = next(self._seq), secrets.token_hex(8)
         try:
-            self._send(frames.pack(message, self.limits.max_message_bytes))
+            data = frames.pack({**message, "seq": seq, "nonce": nonce, "time_limit": timeout},
+                               self.limits.max_message_bytes)
+        except frames.FrameTooLarge as err:
+            raise SandboxError("input", f"the request is too large for the sandbox ({err}; "
+                               "SandboxLimits.max_message_bytes)") from None
+        except (TypeError, ValueError) as err:
+            raise SandboxError("input", f"the request cannot be encoded as JSON ({err})") from None
+        wait = timeout + GRACE_SECONDS
+        deadline = time.monotonic() + wait
+        try:
+            self._send(data)
         except (BrokenPipeError, ConnectionError, OSError) as err:
             cause = self._exit_cause()
             self.close()
             raise SandboxError("crashed", f"cannot write to the worker ({err}; {cause})",
                                retire=True) from None
-        header = self._recv_exact(frames.HEADER.size, deadline, timeout)
+        header = self._recv_exact(frames.HEADER.size, deadline, wait)
         try:
             length = frames.frame_length(header, self.limits.max_message_bytes)
-            reply = frames.unpack(self._recv_exact(length, deadline, timeout))
-        except (frames.FrameTooLarge, ValueError) as err:
+            reply = frames.unpack(self._recv_exact(length, deadline, wait))
+        except (frames.FrameTooLarge, ValueError, RecursionError) as err:
             self.close()
-            raise SandboxError("protocol", f"bad reply from the worker ({err})",
-                               retire=True) from None
+            raise SandboxError("protocol", f"bad reply from the worker ({type(err).__name__}: "
+                               f"{err})", retire=True) from None
+        if reply.get("seq") != seq or reply.get("nonce") != nonce:
+            self.close()
+            raise SandboxError("protocol", f"a reply that does not match its request (sequence "
+                               f"{reply.get('seq')!r}, expected {seq}): a forged or stale frame",
+                               retire=True)
         return checked_reply(reply)
 
     def close(self) -> None:
