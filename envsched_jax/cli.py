@@ -17,6 +17,7 @@ from typing import Annotated, Union
 
 import tyro
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from envsched_jax.graph.build import GraphConfig
@@ -59,11 +60,16 @@ Command = Union[
 
 
 def _load(spec: str, drop_invalid: bool, console: Console) -> Pool | None:
+    """The pool, or None after printing why it cannot be loaded (every loader reports a broken,
+    unreadable or empty pool file as a PoolError naming the file and line)."""
     try:
-        with console.status(f"loading pool {spec!r}"):
+        with console.status(f"loading pool {escape(repr(spec))}"):
             pool = load_pool(spec, drop_invalid=drop_invalid)
     except PoolError as err:
-        console.print(f"[red]cannot load pool {spec!r}:[/red]\n{err}")
+        # escape: messages quote file content and field names such as 'checks[0]', not markup;
+        # soft_wrap: a long path or message stays on one line, as the loader wrote it
+        console.print(f"[red]cannot load pool {escape(repr(spec))}:[/red]\n{escape(str(err))}",
+                      soft_wrap=True)
         return None
     return pool
 

@@ -67,11 +67,13 @@ def test_errors_name_file_record_and_envscaler_field(tmp_path, raw):
     env_file, task_file = _dump(tmp_path, envs, tasks)
     with pytest.raises(PoolValidationErrors) as info:
         load_envscaler_pool(env_file, task_file)
-    got = {(p.source, p.line, p.field) for p in info.value.problems}
+    # A whole-file JSON document: json reports no line for a parsed value, so the record number.
+    got = {(p.source, p.record, p.field) for p in info.value.problems}
     assert (str(env_file), 1, "env_class_code") in got
     assert (str(env_file), 2, "operation_list[1].operation_type") in got
     assert (str(task_file), 2, "checklist_with_func[0].check_func") in got
     assert (str(task_file), 3, "init_config") in got
+    assert f"{task_file}, record 3, field 'init_config'" in str(info.value)
 
 
 def test_empty_checklist_reported_or_dropped(tmp_path, raw):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envsched_jax.sched import EnvSched, EnvSchedConfig, SchedulingError
+from envsched_jax.sched import EnvSched, EnvSchedConfig, InfeasibleBatchError, SchedulingError
 from envsched_jax.sched import envsched as envsched_module
 from envsched_jax.sched import kernels as K
 from envsched_jax.sched.ablations import ablation_config
@@ -38,7 +38,10 @@ class JaxDetails:
 
     def __init__(self, s_full, s_abs, env_index, config=F64):
         # The batch size only matters to select(); observe() here takes any number of nodes.
-        config = dataclasses.replace(config, batch_size=min(config.batch_size, len(env_index)))
+        # relax: the caps cannot fill every batch of that size on these hand-worked pools (the
+        # constructor would refuse it), and nothing here depends on an infeasible pick.
+        config = dataclasses.replace(config, batch_size=min(config.batch_size, len(env_index)),
+                                     infeasible="relax")
         self.sched = EnvSched(graph_from_matrices(s_full, s_abs, env_index), config)
 
     def observe(self, t, nodes, rewards):
@@ -202,21 +205,37 @@ def test_second_step_does_not_recompile():
     assert envsched_module.TRACES == before
 
 
-def test_infeasible_caps_raise_and_leave_state_unchanged():
+def test_infeasible_batch_size_is_refused_up_front_or_relaxed():
     graph = random_graph(np.random.default_rng(1), num_envs=2, per_env=10, dtype=np.float32)
-    sched = EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3))  # 2 envs x 3 < 8
-    with pytest.raises(SchedulingError, match="cold start"):
-        sched.select(0)
+    with pytest.raises(InfeasibleBatchError) as info:   # 2 environments x 2 at the cold start < 8
+        EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3))
+    assert ("batch_size 8 is infeasible: the cold start (step 0) takes at most 2 tasks per environment: "
+            "4 from 2 environments < B = 8") in str(info.value)
+    assert "is 4 (2 environments, 20 eligible tasks; C1=3, C3=11, Ctask=2" in str(info.value)
+    assert isinstance(info.value, SchedulingError) and isinstance(info.value, ValueError)
     relaxed = EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3, infeasible="relax"))
     ids = relaxed.select(0)
-    assert len(set(ids)) == 8 and relaxed.metrics()[-1].relaxations
-    relaxed.observe(0, ids, np.full((8, 4), 0.5))
-    before = relaxed._state_arrays()
-    strict = EnvSched(graph, EnvSchedConfig(batch_size=8, group_size=4, cap_step=3))
-    strict.load_state_dict(relaxed.state_dict())
-    with pytest.raises(SchedulingError, match="no eligible task"):
-        strict.select(1)
-    after = strict._state_arrays()
+    # Picks 5-6 lift the cold start's two per environment to C1 = 3, picks 7-8 drop C1 as well.
+    assert len(set(ids)) == 8 and relaxed.metrics()[-1].relaxations == {"cold_two_per_env": 2, "cap_step": 2}
+    assert relaxed.metrics()[-1].summary()["relaxations"] == 4
+
+
+def test_step_error_names_the_caps_and_leaves_state_unchanged():
+    """At a feasible B only the data can block a pick; here every task is made to look picked in
+    the last two steps, so cap Ctask rules all of them out."""
+    graph = random_graph(np.random.default_rng(1), num_envs=2, per_env=10, dtype=np.float32)
+    sched = EnvSched(graph, EnvSchedConfig(batch_size=4, group_size=4))
+    ids = sched.select(0)
+    sched.observe(0, ids, np.full((4, 4), 0.5))
+    sched.state = sched.state.replace(run=jnp.full(20, 2, jnp.int32))
+    before = sched._state_arrays()
+    with pytest.raises(SchedulingError) as info:
+        sched.select(1)
+    assert str(info.value) == (
+        "step 1: no eligible task for pick 1 of 4 (coverage phase): of the 20 tasks neither in the batch "
+        "nor excluded, cap Ctask (2 consecutive steps) rules out 20 (a task can be ruled out by several); "
+        "set infeasible='relax' to relax them")
+    after = sched._state_arrays()
     for key in before:
         np.testing.assert_array_equal(before[key], after[key])
 

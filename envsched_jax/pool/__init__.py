@@ -5,6 +5,10 @@ themselves are :func:`~envsched_jax.pool.envscaler.load_envscaler_pool`,
 :func:`~envsched_jax.pool.bfcl.load_bfcl_pool`,
 :func:`~envsched_jax.pool.embedded.load_embedded_pool` and
 :func:`~envsched_jax.pool.generator.generate_pool`.
+
+Every loader turns a broken file (not UTF-8, not JSON, duplicate keys, nesting or integers beyond
+the limits of :mod:`~envsched_jax.pool.jsontext`, no records) into a :class:`PoolError` naming the
+file and the line, and an empty pool (no task or no environment) is an error, never a pool.
 """
 
 from envsched_jax.pool.jsonl import read_pool, write_pool

@@ -30,9 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from envsched_jax.pool.jsontext import decode_utf8, iter_json_lines, no_records_error, parse_json, read_bytes
 from envsched_jax.pool.model import (
     Check,
     Environment,
+    Location,
     Operation,
     Pool,
     PoolError,
@@ -46,52 +48,68 @@ _MAYBE_JSON_ENV = {"tools": list, "state_space_definition": list, "constraints_r
 _MAYBE_JSON_TASK = {"init_config": dict, "checklist_with_func": list}
 
 
-def _read_records(path: Path) -> list[tuple[int, Any]]:
-    """(line or record number, record) pairs from a JSON object/list file or a JSON-lines file."""
+def _read_records(path: Path, problems: list[PoolError]) -> list[tuple[Location, Any]]:
+    """(location, record) pairs from a JSON object/list file or a JSON-lines file.
+
+    Records of a whole-file document are located by ``record`` (json reports no line for a
+    value it parsed), JSON lines by ``line``. A line that does not parse goes to ``problems``;
+    a document that does not parse, or holds no record, raises."""
     source = str(path)
     if not path.is_file():
         raise PoolError("no such file", source=source)
-    text = path.read_text(encoding="utf-8")
+    data = read_bytes(path)
+    if not data.strip():
+        raise no_records_error(path, data)
     if path.suffix != ".jsonl":
+        text = decode_utf8(data, source=source)
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            first = next((ln for ln in text.splitlines() if ln.strip()), "")
+            document = parse_json(text, source=source)
+        except PoolError:
+            first = next((ln for ln in text.split("\n") if ln.strip()), "")
             if not _parses(first):  # not JSON lines either
-                raise PoolError(f"invalid JSON ({err.msg})", source=source, line=err.lineno) from None
+                raise
         else:
-            if isinstance(data, Mapping):  # keyed by id: record k is the k-th key
-                return [(k + 1, {**value, "env_id": value.get("env_id", key)}
-                         if isinstance(value, Mapping) else value)
-                        for k, (key, value) in enumerate(data.items())]
-            if isinstance(data, list):
-                return [(k + 1, rec) for k, rec in enumerate(data)]
-            raise PoolError("expected a JSON object or list of records", source=source)
+            return _document_records(document, source)
     out = []
-    for line_no, raw in enumerate(text.splitlines(), start=1):
-        if raw.strip():
-            try:
-                out.append((line_no, json.loads(raw)))
-            except json.JSONDecodeError as err:
-                raise PoolError(f"invalid JSON ({err.msg})", source=source, line=line_no) from None
+    for line_no, value in iter_json_lines(path):
+        if isinstance(value, PoolError):
+            problems.append(value)
+        else:
+            out.append(({"source": source, "line": line_no}, value))
     return out
+
+
+def _document_records(document: Any, source: str) -> list[tuple[Location, Any]]:
+    if isinstance(document, Mapping):  # keyed by id: record k is the k-th key
+        records = [{**value, "env_id": value.get("env_id", key)} if isinstance(value, Mapping) else value
+                   for key, value in document.items()]
+        kind = "object"
+    elif isinstance(document, list):
+        records, kind = document, "list"
+    else:
+        raise PoolError(f"expected a JSON object or list of records, got {type(document).__name__}",
+                        source=source, line=1)
+    if not records:
+        raise PoolError(f"no records: the file holds an empty JSON {kind}", source=source, line=1)
+    return [({"source": source, "record": k + 1}, rec) for k, rec in enumerate(records)]
 
 
 def _parses(text: str) -> bool:
     try:
         json.loads(text)
         return True
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
 
 
-def _decode(record: Mapping[str, Any], field: str, typ: type, where: dict) -> Any:
+def _decode(record: Mapping[str, Any], field: str, typ: type, where: Location) -> Any:
     value = record.get(field)
     if isinstance(value, str):
+        # Hub copies store some fields as JSON text: parse it as strictly as a file.
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise PoolError(f"string is not valid JSON ({err.msg})", field=field, **where) from None
+            value = parse_json(value, source=where["source"], field=field)
+        except PoolError as err:
+            raise PoolError(f"string is not valid JSON: {err.reason}", field=field, **where) from None
     if value is None:
         return typ()
     if not isinstance(value, typ):
@@ -106,8 +124,9 @@ def _require_str(record: Mapping[str, Any], field: str, where: dict, *, allow_em
     return value
 
 
-def environment_from_envscaler(record: Any, *, source: str, line: int) -> Environment:
-    where = {"source": source, "line": line}
+def environment_from_envscaler(record: Any, where: Location) -> Environment:
+    """One EnvScaler environment record; errors name ``where`` (file, line or record) and the
+    field as EnvScaler spells it."""
     if not isinstance(record, Mapping):
         raise PoolError("an environment record must be a JSON object", **where)
     decoded = {f: _decode(record, f, t, where) for f, t in _MAYBE_JSON_ENV.items()}
@@ -161,8 +180,8 @@ def _env_field(field: str) -> str:
     return _ENVSCALER_FIELD.get(head, head) + rest
 
 
-def task_from_envscaler(record: Any, *, source: str, line: int) -> Task:
-    where = {"source": source, "line": line}
+def task_from_envscaler(record: Any, where: Location) -> Task:
+    """One EnvScaler task record; errors name ``where`` (file, line or record) and the field."""
     if not isinstance(record, Mapping):
         raise PoolError("a task record must be a JSON object", **where)
     init_config = _decode(record, "init_config", dict, where)
@@ -182,37 +201,39 @@ def task_from_envscaler(record: Any, *, source: str, line: int) -> Task:
     metadata = {"format": "envscaler"}
     if isinstance(record.get("env_class_name"), str):
         metadata["env_class_name"] = record["env_class_name"]
-    return Task(
-        task_id=_require_str(record, "task_id", where),
-        env_id=_require_str(record, "env_id", where),
-        instruction=_require_str(record, "task", where),
-        initial_state=init_config,
-        checks=tuple(checks),
-        metadata=metadata,
-    )
+    fields = {"task_id": _require_str(record, "task_id", where),
+              "env_id": _require_str(record, "env_id", where),
+              "instruction": _require_str(record, "task", where)}
+    try:
+        return Task(**fields, initial_state=init_config, checks=tuple(checks), metadata=metadata)
+    except PoolError as err:
+        field = {"initial_state": "init_config", "instruction": "task"}.get(err.field, err.field)
+        raise PoolError(err.reason, field=field, **where) from None
 
 
 def load_envscaler_pool(env_path: str | os.PathLike, task_path: str | os.PathLike, *,
                         name: str = "envscaler", drop_invalid: bool = False) -> Pool:
     """Load EnvScaler environment metadata and task scenarios into a validated :class:`Pool`.
 
-    Every malformed record is reported with its file, record number and field (all of them at
-    once); duplicate ids, unknown environment ids and empty checklists too. Inputs are never
-    modified (records are decoded into fresh objects).
+    Every malformed record is reported with its file, line (JSON lines) or record number (a
+    whole-file document) and field, all of them at once; duplicate ids, unknown environment ids
+    and empty checklists too. A file that is not UTF-8 or not JSON, has duplicate keys, nests
+    deeper than :data:`~envsched_jax.pool.model.MAX_DEPTH` or holds no record is an error naming
+    the file and line. Inputs are never modified (records are decoded into fresh objects).
     """
     env_path, task_path = Path(env_path), Path(task_path)
     problems: list[PoolError] = []
     envs, env_loc, tasks, task_loc = [], [], [], []
-    for line, rec in _read_records(env_path):
+    for where, rec in _read_records(env_path, problems):
         try:
-            envs.append(environment_from_envscaler(rec, source=str(env_path), line=line))
-            env_loc.append((str(env_path), line))
+            envs.append(environment_from_envscaler(rec, where))
+            env_loc.append(where)
         except PoolError as err:
             problems.append(err)
-    for line, rec in _read_records(task_path):
+    for where, rec in _read_records(task_path, problems):
         try:
-            tasks.append(task_from_envscaler(rec, source=str(task_path), line=line))
-            task_loc.append((str(task_path), line))
+            tasks.append(task_from_envscaler(rec, where))
+            task_loc.append(where)
         except PoolError as err:
             problems.append(err)
     return assemble_pool(name, envs, tasks, env_locations=env_loc, task_locations=task_loc,

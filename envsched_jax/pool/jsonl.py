@@ -10,8 +10,11 @@ Every line is one JSON object with a ``kind``:
 "user_turns"?, "metadata"?}``
 
 Reading validates every field against this schema. Unknown fields are errors (a misspelt
-optional field would otherwise vanish silently). All problems of a file are collected and raised
-together as :class:`PoolValidationErrors`, each naming the file, the line and the field.
+optional field would otherwise vanish silently). Lines are parsed strictly
+(:mod:`envsched_jax.pool.jsontext`: UTF-8, no duplicate keys, bounded nesting and integer length).
+All problems of a file are collected and raised together as :class:`PoolValidationErrors`, each
+naming the file, the line and the field. A file without any record, or without an environment
+or a task record, is an error too: a pool is never empty.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from envsched_jax.pool.model import (
     Task,
     assemble_pool,
 )
+from envsched_jax.pool.jsontext import iter_json_lines
 
 _ENV_REQUIRED = {"kind": str, "env_id": str, "class_name": str, "summary": str, "tools": list,
                  "class_source": str}
@@ -141,23 +145,17 @@ def task_from_json(obj: Mapping[str, Any], *, source: str = "<record>", line: in
 
 
 def read_json_objects(path: Path, problems: list[PoolError]) -> list[tuple[int, dict[str, Any]]]:
-    """Every JSON object of a JSON-lines file with its 1-based line number; an invalid line or a
-    non-object goes to ``problems`` (naming file and line) and is skipped."""
+    """Every JSON object of a JSON-lines file with its 1-based line number; an invalid line (bad
+    JSON or UTF-8, a duplicate key, deep nesting, an over-long integer) or a non-object goes to
+    ``problems`` (naming file and line) and is skipped. A file without any record raises."""
     records = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as err:
-                problems.append(PoolError(f"invalid JSON ({err.msg} at column {err.colno})",
-                                          source=str(path), line=line_no))
-                continue
-            if not isinstance(obj, dict):
-                problems.append(PoolError("a record must be a JSON object", source=str(path), line=line_no))
-                continue
-            records.append((line_no, obj))
+    for line_no, value in iter_json_lines(path):
+        if isinstance(value, PoolError):
+            problems.append(value)
+        elif not isinstance(value, dict):
+            problems.append(PoolError("a record must be a JSON object", source=str(path), line=line_no))
+        else:
+            records.append((line_no, value))
     return records
 
 
@@ -165,8 +163,9 @@ def read_pool(path: str | os.PathLike, *, name: str | None = None, drop_invalid:
     """Read and validate a canonical JSON-lines pool file.
 
     Raises :class:`PoolValidationErrors` listing every malformed record and every cross-record
-    problem (duplicate ids, unknown environment ids, empty checklists). With
-    ``drop_invalid=True`` those records are left out and listed in ``Pool.dropped`` instead.
+    problem (duplicate ids, unknown environment ids, empty checklists, no environment or no task
+    record at all). With ``drop_invalid=True`` those records are left out and listed in
+    ``Pool.dropped`` instead; a pool with no valid task left is still an error.
     """
     path = Path(path)
     source = str(path)
@@ -174,20 +173,29 @@ def read_pool(path: str | os.PathLike, *, name: str | None = None, drop_invalid:
         raise PoolError("no such pool file", source=source)
     envs, env_loc, tasks, task_loc = [], [], [], []
     problems: list[PoolError] = []
-    for line_no, obj in read_json_objects(path, problems):
+    kinds: set[str] = set()
+    records = read_json_objects(path, problems)
+    unreadable = len(problems)   # lines that did not parse may be the missing kind: no guess then
+    for line_no, obj in records:
         kind = obj.get("kind")
+        kinds.add(kind if isinstance(kind, str) else "")
+        where = {"source": source, "line": line_no}
         try:
             if kind == "environment":
-                envs.append(environment_from_json(obj, source=source, line=line_no))
-                env_loc.append((source, line_no))
+                envs.append(environment_from_json(obj, **where))
+                env_loc.append(where)
             elif kind == "task":
-                tasks.append(task_from_json(obj, source=source, line=line_no))
-                task_loc.append((source, line_no))
+                tasks.append(task_from_json(obj, **where))
+                task_loc.append(where)
             else:
                 problems.append(PoolError(f"'kind' must be 'environment' or 'task', got {kind!r}",
-                                          source=source, line=line_no, field="kind"))
+                                          field="kind", **where))
         except PoolError as err:
             problems.append(err)
+    for kind in ("environment", "task"):
+        if kind not in kinds and not unreadable:
+            problems.append(PoolError(f"no {kind} record (no line has \"kind\": \"{kind}\")",
+                                      source=source))
     return assemble_pool(name or path.stem, envs, tasks, env_locations=env_loc,
                          task_locations=task_loc, problems=problems, drop_invalid=drop_invalid)
 

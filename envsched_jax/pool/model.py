@@ -26,21 +26,26 @@ OperationKind = Literal["query", "state_change"]
 class PoolError(ValueError):
     """A pool record or a whole pool is invalid.
 
-    ``source`` names the file (or other origin), ``line`` the 1-based line or record number and
-    ``field`` the offending field, so that the message points at exactly what to fix.
+    ``source`` names the file (or other origin), ``line`` the 1-based line of the file, or, for a
+    record of a whole-file JSON document (whose lines json does not report), ``record`` its
+    1-based position in the document; ``field`` the offending field. The message names all of
+    them, so that it points at exactly what to fix.
     """
 
     def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
-                 field: str | None = None):
+                 field: str | None = None, record: int | None = None):
         self.reason = message
         self.source = source
         self.line = line
+        self.record = record
         self.field = field
         where = []
         if source is not None:
             where.append(str(source))
         if line is not None:
             where.append(f"line {line}")
+        if record is not None:
+            where.append(f"record {record}")
         if field is not None:
             where.append(f"field {field!r}")
         super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")
@@ -55,6 +60,26 @@ class PoolValidationErrors(PoolError):
         super().__init__(head + "\n".join(f"  - {p}" for p in self.problems))
 
 
+# Deepest JSON nesting a pool value may have. Real pools nest a few levels; json itself fails
+# near 1,000 levels and copy.deepcopy (used when records are written) near 500.
+MAX_DEPTH = 100
+
+
+def json_depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests lists/objects more than ``limit`` deep (``[]`` is depth
+    1). Iterative, so that it cannot itself hit the recursion limit."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def _frozen_json(value: Any, field: str) -> Any:
     """A fresh copy of a JSON value in exactly the form it has on disk.
 
@@ -66,7 +91,12 @@ def _frozen_json(value: Any, field: str) -> Any:
         text = json.dumps(value, default=_json_default_error, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise PoolError(f"value is not JSON-serialisable ({err})", field=field) from None
-    return json.loads(text)
+    except RecursionError:
+        raise PoolError(f"value is nested deeper than {MAX_DEPTH} levels", field=field) from None
+    copied = json.loads(text)
+    if json_depth_exceeds(copied, MAX_DEPTH):
+        raise PoolError(f"value is nested deeper than {MAX_DEPTH} levels", field=field)
+    return copied
 
 
 def _json_default_error(obj: Any) -> Any:
@@ -316,6 +346,11 @@ class Pool:
     def __post_init__(self):
         object.__setattr__(self, "environments", tuple(self.environments))
         object.__setattr__(self, "tasks", tuple(self.tasks))
+        # An empty pool cannot be scheduled or summarised; refuse it here, where every loader
+        # and every hand-built pool passes.
+        if not self.tasks or not self.environments:
+            raise PoolError(f"pool {self.name!r} has {len(self.environments)} environment(s) and "
+                            f"{len(self.tasks)} task(s); a pool needs at least one of each")
         problems = pool_problems(self.environments, self.tasks)
         if problems:
             raise PoolValidationErrors(problems)
@@ -362,7 +397,19 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-Location = tuple[str, int]  # (source file or origin, 1-based line / record number)
+# Where a record came from: ``{"source": file, "line": n}`` for a JSON-lines file, or
+# ``{"source": file, "record": k}`` for a record of a whole-file JSON document.
+Location = Mapping[str, Any]
+
+
+def describe_location(where: Location) -> str:
+    """``"FILE line N"`` / ``"FILE record K"`` for messages that point at a second place."""
+    parts = [str(where.get("source", "?"))]
+    if where.get("line") is not None:
+        parts.append(f"line {where['line']}")
+    if where.get("record") is not None:
+        parts.append(f"record {where['record']}")
+    return " ".join(parts)
 
 
 def pool_problems(environments: Sequence[Environment], tasks: Sequence[Task], *,
@@ -371,33 +418,31 @@ def pool_problems(environments: Sequence[Environment], tasks: Sequence[Task], *,
     """Every cross-record problem of a pool (duplicate ids, dangling environment ids, empty
     checklists), each named with its location; nothing is dropped silently."""
     problems: list[PoolError] = []
-    env_loc = env_locations or [("environments", k + 1) for k in range(len(environments))]
-    task_loc = task_locations or [("tasks", k + 1) for k in range(len(tasks))]
+    env_loc = env_locations or [{"source": "environments", "record": k + 1} for k in range(len(environments))]
+    task_loc = task_locations or [{"source": "tasks", "record": k + 1} for k in range(len(tasks))]
     seen_env: dict[str, Location] = {}
-    for env, (src, line) in zip(environments, env_loc):
+    for env, where in zip(environments, env_loc):
         if env.env_id in seen_env:
-            first = seen_env[env.env_id]
             problems.append(PoolError(
-                f"duplicate environment id {env.env_id!r} (first at {first[0]} line {first[1]})",
-                source=src, line=line, field="env_id"))
+                f"duplicate environment id {env.env_id!r} (first at {describe_location(seen_env[env.env_id])})",
+                field="env_id", **where))
         else:
-            seen_env[env.env_id] = (src, line)
+            seen_env[env.env_id] = where
     seen_task: dict[str, Location] = {}
-    for task, (src, line) in zip(tasks, task_loc):
+    for task, where in zip(tasks, task_loc):
         if task.task_id in seen_task:
-            first = seen_task[task.task_id]
             problems.append(PoolError(
-                f"duplicate task id {task.task_id!r} (first at {first[0]} line {first[1]})",
-                source=src, line=line, field="task_id"))
+                f"duplicate task id {task.task_id!r} (first at {describe_location(seen_task[task.task_id])})",
+                field="task_id", **where))
         else:
-            seen_task[task.task_id] = (src, line)
+            seen_task[task.task_id] = where
         if task.env_id not in seen_env:
             problems.append(PoolError(
                 f"task {task.task_id!r} names unknown environment {task.env_id!r}",
-                source=src, line=line, field="env_id"))
+                field="env_id", **where))
         if not task.checks:
             problems.append(PoolError(f"task {task.task_id!r} has an empty checklist",
-                                      source=src, line=line, field="checks"))
+                                      field="checks", **where))
     return problems
 
 
@@ -409,7 +454,8 @@ def assemble_pool(name: str, environments: Sequence[Environment], tasks: Sequenc
     With ``drop_invalid=False`` (the default) any problem raises :class:`PoolValidationErrors`
     listing all of them. With ``drop_invalid=True`` the offending records are left out (the first
     record of a duplicated id is kept) and every problem is kept in ``Pool.dropped``: a real pool
-    with a few broken tasks stays usable, and nothing disappears without a trace.
+    with a few broken tasks stays usable, and nothing disappears without a trace. Nothing left
+    to load (no valid task) is an error either way.
     """
     all_problems = list(problems) + pool_problems(
         environments, tasks, env_locations=env_locations, task_locations=task_locations)
@@ -426,7 +472,11 @@ def assemble_pool(name: str, environments: Sequence[Environment], tasks: Sequenc
             continue
         seen_task.add(task.task_id)
         keep_tasks.append(task)
+    if not keep_tasks:
+        empty = (f"pool {name!r}: no valid task is left after leaving out the records above"
+                 if all_problems else f"pool {name!r} has no tasks")
+        raise PoolValidationErrors(all_problems + [PoolError(empty)])
     used = {t.env_id for t in keep_tasks}
-    keep_envs = [e for e in keep_envs if e.env_id in used] if keep_tasks else keep_envs
+    keep_envs = [e for e in keep_envs if e.env_id in used]
     return Pool(name=name, environments=tuple(keep_envs), tasks=tuple(keep_tasks),
                 dropped=tuple(str(p) for p in all_problems))

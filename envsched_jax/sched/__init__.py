@@ -95,10 +95,19 @@ ties -> lower index.
 Exploitation pick: among eligible nodes not excluded by the progress filter, pick argmax
 q * omega - pen, omega = (1 + c_i / c0)^(-1/2), c_i = cumulative selections of i over steps < t,
 c0 = 16; ties -> lower index.
-CHOICE (infeasible picks): policy "error" (default) raises an error naming the step, the phase and
-the picks made, and the state is unchanged; policy "relax" re-tries the pick dropping cumulatively,
-in order, the progress filter (exploitation only), then cap (c), then (b), then (a), and records
-each relaxation in the step's metrics.
+CHOICE (infeasible picks): policy "error" (default) raises an error naming the step, the phase,
+the pick and how many candidates each cap (and the progress filter) rules out, and the state is
+unchanged; policy "relax" re-tries the pick dropping cumulatively, in order, the progress filter
+(exploitation only), then cap (c), then (b), then (a). Per step it records, for each constraint,
+how many picks had to drop it last (one aggregated metrics entry and one log line per step, not
+one per pick).
+CHOICE (feasible batch sizes, checked up front): `sched/feasibility.py` computes the largest B the
+caps can fill at every step whatever the rewards (the cold start's two per environment, cap (a)
+with the environments' sizes, and the worst history caps (b) and (c) allow); the progress filter
+is data-dependent and not part of it. A larger B is refused by the constructor naming the
+binding cap under "error", and logged once under "relax". Two environments of 7 or more tasks
+each: B = 4 (the cold start binds; later steps alone would allow 7: after 4 + 4 picks of one
+environment in two steps, C3 = 11 leaves it 3).
 
 ## Cold start (step 0, static structure only)
 Representative of env e: argmax over the non-excluded i in e of mean_{j in e, j != i} S_full[i, j]
@@ -111,7 +120,7 @@ are added greedily by argmax combined novelty (ties -> lower index) until B.
 Remaining slots: greedy argmax combined novelty over nodes not in the batch whose environment has
 fewer than 2 nodes in the batch (ties -> lower index). If fewer than B can be placed: the
 infeasible-pick policy applies ("relax" first lifts the two-per-environment cap to C1, then drops
-C1 too, logging "cold_two_per_env" and "cap_step").
+C1 too, recording "cold_two_per_env" or "cap_step" for the pick).
 
 ## State after observe(t)
 selection count c_i += 1 for each picked node; env cumulative selections += count; run_i = run_i + 1
@@ -120,6 +129,8 @@ appended to the logs; step means appended.
 """
 
 from envsched_jax.sched.base import (  # noqa: E402
+    CheckpointError,
+    InfeasibleBatchError,
     Scheduler,
     SchedulerInputError,
     SchedulingError,
@@ -130,10 +141,12 @@ from envsched_jax.sched.base import (  # noqa: E402
 )
 from envsched_jax.sched.config import EnvSchedConfig  # noqa: E402
 from envsched_jax.sched.envsched import EnvSched  # noqa: E402
+from envsched_jax.sched.feasibility import Feasibility, batch_feasibility  # noqa: E402
 from envsched_jax.sched.random import RandomScheduler  # noqa: E402
 
-__all__ = ["EnvSched", "EnvSchedConfig", "RandomScheduler", "Scheduler", "SchedulerInputError",
-           "SchedulingError", "StepMetrics", "make_scheduler", "register_scheduler", "registered_schedulers"]
+__all__ = ["CheckpointError", "EnvSched", "EnvSchedConfig", "Feasibility", "InfeasibleBatchError",
+           "RandomScheduler", "Scheduler", "SchedulerInputError", "SchedulingError", "StepMetrics",
+           "batch_feasibility", "make_scheduler", "register_scheduler", "registered_schedulers"]
 
 # Baseline schedulers (registered on import): DPS, MoPPS, the LEEPS reconstruction.
 from envsched_jax.sched.dps import DPS, DPSConfig  # noqa: E402

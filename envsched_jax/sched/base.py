@@ -8,12 +8,15 @@ runs strictly step by step::
     sched.select(t + 1) ...
 
 ``state_dict()`` / ``load_state_dict()`` give a snapshot of everything the scheduler remembers
-(numpy arrays plus a small JSON-able header); :mod:`envsched_jax.sched.checkpoint` writes it with
-orbax. ``metrics()`` lists one :class:`StepMetrics` per selected step.
+(numpy arrays plus a small JSON-able header recording the pool, the graph and the config);
+:mod:`envsched_jax.sched.checkpoint` writes it with orbax. Loading validates the whole snapshot
+first (:mod:`envsched_jax.sched.snapshot`) and only then swaps it in. ``metrics()`` lists one
+:class:`StepMetrics` per selected step.
 
-Bad input (NaN / infinite / out-of-range rewards, the wrong K, unknown or repeated ids, a step that
-was never selected) raises :class:`SchedulerInputError` naming the problem, and the state is left
-exactly as it was.
+Bad input (NaN / infinite / out-of-range / complex / non-numeric rewards, the wrong K, ids that
+are not strings, unknown or repeated ids, a step that was never selected, a snapshot that does not
+fit) raises :class:`SchedulerInputError` naming the problem, and the state is left exactly as it
+was.
 """
 
 from __future__ import annotations
@@ -21,20 +24,19 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from envsched_jax.graph.build import PoolGraph
-
-
-class SchedulerInputError(ValueError):
-    """A call to a scheduler had invalid arguments; nothing was changed."""
-
-
-class SchedulingError(RuntimeError):
-    """The eligibility rules leave too few nodes to fill the batch; nothing was changed."""
+from envsched_jax.sched.errors import (  # noqa: F401  (re-exported: the errors' public home)
+    CheckpointError,
+    InfeasibleBatchError,
+    SchedulerInputError,
+    SchedulingError,
+)
+from envsched_jax.sched.snapshot import config_record, graph_fingerprint, task_ids_hash, validated_state
 
 
 @dataclasses.dataclass
@@ -49,7 +51,10 @@ class StepMetrics:
     tools: int | None                       # distinct (environment, tool) pairs, when known
     realised_variance: list[float] | None = None   # per pick, once observed
     mean_reward: list[float] | None = None         # per pick, once observed
-    relaxations: list[str] = dataclasses.field(default_factory=list)
+    # EnvSched with infeasible="relax": picks per relaxed constraint, e.g. {"cap_window": 2}. A
+    # key is the last constraint a pick had to drop (the ones before it in the relaxation order
+    # were dropped for that pick too); one aggregated entry per step, not one per pick.
+    relaxations: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         def mean(x):
@@ -59,7 +64,7 @@ class StepMetrics:
                 "predicted_variance": mean(self.predicted_variance),
                 "realised_variance": mean(self.realised_variance), "mean_reward": mean(self.mean_reward),
                 "coverage": self.phases.count("coverage"), "exploitation": self.phases.count("exploitation"),
-                "relaxations": len(self.relaxations)}
+                "relaxations": sum(self.relaxations.values())}
 
 
 class Scheduler(abc.ABC):
@@ -79,6 +84,7 @@ class Scheduler(abc.ABC):
         self._index = {tid: k for k, tid in enumerate(graph.task_ids)}
         self._env_index = np.asarray(graph.env_index)
         self._tools_per_env = None if tools_per_env is None else [tuple(t) for t in tools_per_env]
+        self._graph_hash: str | None = None   # graph_fingerprint(graph), computed when first needed
         self._next_step = 0
         self._pending: tuple[int, np.ndarray, list[str]] | None = None  # (step, nodes, phases)
         self._metrics: list[StepMetrics] = []
@@ -103,7 +109,7 @@ class Scheduler(abc.ABC):
         if self._tools_per_env is not None:
             tools = len({(e, tool) for e in set(envs.tolist()) for tool in self._tools_per_env[e]})
         self._metrics.append(StepMetrics(step, ids, list(phases), predicted, len(set(envs.tolist())),
-                                         tools, relaxations=list(relaxations)))
+                                         tools, relaxations=dict(relaxations)))
         return ids
 
     def observe(self, step: int, task_ids: Sequence[str], rewards) -> None:
@@ -123,39 +129,63 @@ class Scheduler(abc.ABC):
     def metrics(self) -> list[StepMetrics]:
         return list(self._metrics)
 
+    def config_record(self) -> dict[str, Any]:
+        """The settings the state depends on, as saved in a snapshot's header: the scheduler's
+        ``config`` dataclass, or B and K for a scheduler without one."""
+        config = getattr(self, "config", None)
+        if config is None:
+            return {"batch_size": self.batch_size, "group_size": self.group_size}
+        return config_record(config)
+
+    def snapshot_header(self) -> dict[str, Any]:
+        """The header a snapshot of this scheduler carries (and a loaded one must match)."""
+        if self._graph_hash is None:
+            self._graph_hash = graph_fingerprint(self.graph)
+        return {"name": self.name, "next_step": self._next_step, "num_nodes": self.num_nodes,
+                "task_ids_hash": task_ids_hash(self.graph.task_ids), "graph_hash": self._graph_hash,
+                "config": self.config_record()}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where this scheduler stands."""
         if self._pending is not None:
             raise SchedulerInputError(f"step {self._pending[0]} awaits observe(); save after observing it")
-        return {"header": {"name": self.name, "next_step": self._next_step, "num_nodes": self.num_nodes,
-                           "task_ids_hash": _ids_hash(self.graph.task_ids)},
-                "arrays": self._state_arrays()}
+        return {"header": self.snapshot_header(), "arrays": self._state_arrays()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        header = state["header"]
-        if header["name"] != self.name:
-            raise SchedulerInputError(f"state is for scheduler {header['name']!r}, not {self.name!r}")
-        if header["num_nodes"] != self.num_nodes or header["task_ids_hash"] != _ids_hash(self.graph.task_ids):
-            raise SchedulerInputError("state was saved for a different pool (task ids differ)")
-        self._load_state_arrays(state["arrays"])
-        self._next_step = int(header["next_step"])
+    def load_state_dict(self, state: Mapping[str, Any], *, source: str = "state") -> None:
+        """Continue from ``state`` (a :meth:`state_dict`). Everything is checked first: header
+        field types, scheduler name, pool, graph, config (B, K, ...), every array's name, shape,
+        dtype kind and finiteness, and the scheduler's own consistency rules; a problem raises
+        :class:`CheckpointError` naming ``source`` and leaves this scheduler exactly as it was."""
+        header, arrays = validated_state(state, expected_header=self.snapshot_header(),
+                                         current_arrays=self._state_arrays(), source=source)
+        self._check_state(header, arrays, source)
+        # Nothing below can fail: the swap is all or nothing.
+        self._load_state_arrays(arrays)
+        self._next_step = header["next_step"]
         self._pending = None
 
     # -- for subclasses --------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _select(self, step: int) -> tuple[np.ndarray, list[str], list[float] | None, list[str]]:
-        """(nodes, phases, predicted variance per pick or None, relaxations)."""
+    def _select(self, step: int) -> tuple[np.ndarray, list[str], list[float] | None, dict[str, int]]:
+        """(nodes, phases, predicted variance per pick or None, relaxed picks per constraint)."""
 
     @abc.abstractmethod
     def _observe(self, step: int, nodes: np.ndarray, rewards: np.ndarray) -> None:
         """Rows of ``rewards`` belong to ``nodes`` (validated; same set as the pending batch)."""
 
     @abc.abstractmethod
-    def _state_arrays(self) -> dict[str, np.ndarray]: ...
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        """Copies of every array of the state; also the template a loaded snapshot must match."""
 
     @abc.abstractmethod
-    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None: ...
+    def _load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Take over ``arrays`` (already validated: the names, shapes and dtypes of
+        :meth:`_state_arrays`, finite floats); must not fail."""
+
+    def _check_state(self, header: dict[str, Any], arrays: dict[str, np.ndarray], source: str) -> None:
+        """Scheduler-specific consistency of a validated snapshot; raise :class:`CheckpointError`.
+        The default has nothing to add."""
 
     # -- validation ------------------------------------------------------------------------
 
@@ -164,7 +194,7 @@ class Scheduler(abc.ABC):
             pending = "no step" if self._pending is None else f"step {self._pending[0]}"
             raise SchedulerInputError(f"observe({step}): step {step} was not selected or was already "
                                       f"observed ({pending} awaits observation)")
-        ids = list(task_ids)
+        ids = _task_id_list(step, task_ids)
         unknown = [t for t in ids if t not in self._index]
         if unknown:
             raise SchedulerInputError(f"observe({step}): unknown task id(s) {unknown[:5]}")
@@ -178,10 +208,7 @@ class Scheduler(abc.ABC):
             extra = [self.graph.task_ids[i] for i in sorted(set(nodes.tolist()) - expected)]
             raise SchedulerInputError(f"observe({step}): task ids differ from the batch selected at step "
                                       f"{step}: missing {missing[:5]}, not selected {extra[:5]}")
-        try:
-            rewards = np.asarray(rewards, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise SchedulerInputError(f"observe({step}): rewards are not numeric ({err})") from None
+        rewards = _real_rewards(step, rewards)
         if rewards.shape != (len(ids), self.group_size):
             raise SchedulerInputError(f"observe({step}): rewards must have shape [B={len(ids)}, "
                                       f"K={self.group_size}], got {list(rewards.shape)}")
@@ -197,10 +224,38 @@ class Scheduler(abc.ABC):
         return nodes, rewards
 
 
-def _ids_hash(task_ids: Sequence[str]) -> str:
-    import hashlib
+def _task_id_list(step: int, task_ids: Any) -> list[str]:
+    """``task_ids`` as a list, refusing anything but a sequence of strings (``None`` or a number
+    as an id would otherwise surface as an unhashable-type or unknown-id error elsewhere)."""
+    if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
+        raise SchedulerInputError(f"observe({step}): task_ids must be a sequence of task id strings, "
+                                  f"got {type(task_ids).__name__}")
+    ids = list(task_ids)
+    for position, tid in enumerate(ids):
+        if not isinstance(tid, str):
+            raise SchedulerInputError(f"observe({step}): task ids must be strings; position {position} "
+                                      f"is {tid!r} ({type(tid).__name__})")
+    return ids
 
-    return hashlib.sha256("\n".join(task_ids).encode()).hexdigest()[:16]
+
+_REAL_KINDS = "biuf"   # numpy dtype kinds of real numbers: bool, signed, unsigned, float
+
+
+def _real_rewards(step: int, rewards: Any) -> np.ndarray:
+    """``rewards`` as float64, refusing complex numbers, strings and other objects: casting would
+    drop an imaginary part or parse a string without a word."""
+    try:
+        array = np.asarray(rewards)
+    except (TypeError, ValueError) as err:   # ragged nesting
+        raise SchedulerInputError(f"observe({step}): rewards are not a numeric array ({err})") from None
+    if array.dtype.kind not in _REAL_KINDS:
+        real = (bool, int, float, np.bool_, np.integer, np.floating)
+        examples = [x for x in array.flat if not isinstance(x, real)][:1]
+        # An object array of plain Python numbers (a list mixing int and float) is fine.
+        if examples or array.dtype.kind != "O":
+            raise SchedulerInputError(f"observe({step}): rewards must be real numbers, got dtype {array.dtype}"
+                                      + "".join(f" (e.g. {x!r})" for x in examples))
+    return array.astype(np.float64)
 
 
 SchedulerFactory = Callable[..., Scheduler]

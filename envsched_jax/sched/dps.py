@@ -167,7 +167,7 @@ class DPS(Scheduler):
 
     def _select(self, step):
         nodes = select(self.state, step, batch_size=self.batch_size, num_candidates=self.num_candidates)
-        return np.asarray(nodes), ["dps"] * self.batch_size, None, []
+        return np.asarray(nodes), ["dps"] * self.batch_size, None, {}
 
     def _observe(self, step, nodes, rewards):
         self.state = observe(self.state, jnp.asarray(nodes, jnp.int32), jnp.asarray(rewards, jnp.float32),
@@ -177,4 +177,4 @@ class DPS(Scheduler):
         return state_arrays(self.state)
 
     def _load_state_arrays(self, arrays):
-        self.state = load_state_arrays(self.state, arrays, self.name)
+        self.state = load_state_arrays(self.state, arrays)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import logging
 from collections.abc import Iterable, Sequence
 
 import jax
@@ -12,8 +14,18 @@ import numpy as np
 
 from envsched_jax.graph.build import PoolGraph
 from envsched_jax.sched import kernels as K
-from envsched_jax.sched.base import Scheduler, SchedulerInputError, SchedulingError, register_scheduler
+from envsched_jax.sched.base import (
+    CheckpointError,
+    InfeasibleBatchError,
+    Scheduler,
+    SchedulerInputError,
+    SchedulingError,
+    register_scheduler,
+)
 from envsched_jax.sched.config import EnvSchedConfig
+from envsched_jax.sched.feasibility import batch_feasibility, eligible_tasks_per_environment, explain_infeasible_pick
+
+LOG = logging.getLogger(__name__)
 
 
 TRACES = {"score_and_select": 0, "observe": 0}  # trace counters (a test checks nothing recompiles)
@@ -42,7 +54,8 @@ def cold_start(s_full: np.ndarray, env_index: np.ndarray, batch_size: int, exclu
                relax: bool, cap_step: int) -> tuple[np.ndarray, list[str]]:
     """Step-0 batch from static structure only (see the package docstring): one representative
     per environment (highest mean within-environment S_full), then combined global and
-    within-environment novelty, at most two per environment."""
+    within-environment novelty, at most two per environment. Returns the batch and, per pick
+    that needed relaxing ("relax" only), the last constraint it dropped."""
     n = len(env_index)
     allowed = ~excluded
     envs = [e for e in np.unique(env_index) if (allowed & (env_index == e)).any()]
@@ -94,7 +107,8 @@ def cold_start(s_full: np.ndarray, env_index: np.ndarray, batch_size: int, exclu
                 f"cold start: only {len(batch)} of {batch_size} slots can be filled with at most two "
                 f"tasks per environment ({len(envs)} environments); use a smaller batch_size or "
                 "infeasible='relax'")
-        relaxations.extend(relaxed)
+        if relaxed:   # the last constraint this pick dropped (the ones before it went too)
+            relaxations.append(relaxed[-1])
         add(int(np.argmax(np.where(eligible, novelty(), -np.inf))))
     return np.array(batch, np.int64), relaxations
 
@@ -102,6 +116,12 @@ def cold_start(s_full: np.ndarray, env_index: np.ndarray, batch_size: int, exclu
 @register_scheduler("envsched")
 class EnvSched(Scheduler):
     """EnvSched (the paper's scheduler). Needs the graph's dense ``s_full`` and ``s_abs``.
+
+    The constructor checks the batch size against the caps (:mod:`.feasibility`):
+    ``self.feasibility.largest`` is the largest B they can always fill on this pool. A larger B
+    raises :class:`InfeasibleBatchError` naming the binding cap, or, with
+    ``infeasible="relax"``, logs that once and then one aggregated line per step that needed
+    relaxing (also in ``metrics()[t].relaxations``).
 
     Args:
         graph: the pool's static graph.
@@ -132,11 +152,23 @@ class EnvSched(Scheduler):
         self._s_abs = graph.s_abs
         self._env = jnp.asarray(graph.env_index, jnp.int32)
         self._num_envs = len(graph.env_ids)
+        excluded = list(excluded)   # iterated twice below
         unknown = [t for t in excluded if t not in self._index]
         if unknown:
             raise SchedulerInputError(f"excluded: unknown task id(s) {unknown[:5]}")
         mask = np.zeros(self.num_nodes, bool)
         mask[[self._index[t] for t in excluded]] = True
+        self.feasibility = batch_feasibility(
+            eligible_tasks_per_environment(graph.env_index, self._num_envs, mask), config)
+        if self.feasibility.binding_cap(config.batch_size) is not None:
+            message = self.feasibility.explain(config.batch_size)
+            # Relaxing caps cannot conjure tasks: too few eligible tasks fails in either mode.
+            if config.infeasible == "error" or config.batch_size > self.feasibility.num_tasks:
+                raise InfeasibleBatchError(f"{message}. Use batch_size <= {self.feasibility.largest}"
+                                           + ("" if config.batch_size > self.feasibility.num_tasks
+                                              else " or infeasible='relax'"))
+            LOG.warning("%s; infeasible='relax' relaxes the caps where a pick has no candidate "
+                        "(one log line per step that needs it)", message)
         self.state = K.init_state(self.num_nodes, self._num_envs, config, jax.random.PRNGKey(seed))
         self.state = self.state.replace(excluded=jnp.asarray(mask))
         self._step_fn = functools.partial(_score_and_select, config=config, num_envs=self._num_envs)
@@ -153,28 +185,41 @@ class EnvSched(Scheduler):
             key = jax.random.fold_in(self.state.key, 0)
             nodes = np.asarray(jax.random.choice(key, self.num_nodes, (self.batch_size,), replace=False,
                                                  p=jnp.asarray(allowed / allowed.sum())))
-            return nodes, ["cold"] * len(nodes), None, []
+            return nodes, ["cold"] * len(nodes), None, {}
         if step == 0:
             nodes, relax = cold_start(np.asarray(self._s_full), np.asarray(self.graph.env_index),
                                       self.batch_size, np.asarray(self.state.excluded),
                                       self.config.infeasible == "relax", self.config.cap_step)
-            return nodes, ["cold"] * len(nodes), None, relax
+            return nodes, ["cold"] * len(nodes), None, self._relaxation_summary(step, relax)
         scores, progress, sel, predicted = self._step_fn(self.state, self._s_full, self._env)
         # One transfer for everything the host needs.
         nodes, phase, relaxed, feasible, predicted = jax.device_get(
             (sel.batch, sel.phase, sel.relaxed, sel.feasible, predicted))
         if not feasible.all():
             k = int(np.argmin(feasible))
-            kind = "coverage" if k < self.config.num_coverage else "exploitation"
+            coverage = k < self.config.num_coverage
+            state = jax.device_get(self.state)
+            why = explain_infeasible_pick(
+                env_index=np.asarray(self.graph.env_index), excluded=state.excluded, batch_before=nodes[:k],
+                window_counts=state.env_recent.sum(axis=0), run=state.run,
+                progress_excluded=np.asarray(progress.excluded), coverage=coverage, config=self.config)
             raise SchedulingError(
-                f"step {step}: no eligible task for pick {k + 1} of {self.batch_size} ({kind} phase) under "
-                f"the caps C1={self.config.cap_step}, C3={self.config.cap_window}, "
-                f"Ctask={self.config.cap_consecutive}"
+                f"step {step}: no eligible task for pick {k + 1} of {self.batch_size} "
+                f"({'coverage' if coverage else 'exploitation'} phase): {why}"
                 + ("" if self.config.infeasible == "relax" else "; set infeasible='relax' to relax them"))
         self.last_scores, self.last_progress = scores, progress
         phases = ["coverage" if p == 1 else "exploitation" for p in phase.tolist()]
-        relaxations = [f"pick {k + 1}: {K.RELAXATIONS[lvl]}" for k, lvl in enumerate(relaxed.tolist()) if lvl]
-        return nodes, phases, predicted.astype(float).tolist(), relaxations
+        relaxations = [K.RELAXATIONS[lvl] for lvl in relaxed.tolist() if lvl]
+        return nodes, phases, predicted.astype(float).tolist(), self._relaxation_summary(step, relaxations)
+
+    def _relaxation_summary(self, step: int, relaxations: list[str]) -> dict[str, int]:
+        """Picks per relaxed constraint, logged as one line for the step (none if nothing was
+        relaxed)."""
+        counts = dict(collections.Counter(relaxations))
+        if counts:
+            LOG.info("EnvSched step %d: relaxed %d of %d picks (%s)", step, len(relaxations), self.batch_size,
+                     ", ".join(f"{name} x{count}" for name, count in counts.items()))
+        return counts
 
     def _observe(self, step, nodes, rewards):
         order = np.argsort(nodes, kind="stable")
@@ -188,14 +233,10 @@ class EnvSched(Scheduler):
         return {f.name: np.asarray(getattr(self.state, f.name)) for f in dataclasses.fields(self.state)}
 
     def _load_state_arrays(self, arrays):
-        fields = {f.name for f in dataclasses.fields(self.state)}
-        if set(arrays) != fields:
-            raise SchedulerInputError(f"state arrays {sorted(set(arrays) ^ fields)} do not match EnvSched's")
-        new = {}
-        for name in fields:
-            current = getattr(self.state, name)
-            value = np.asarray(arrays[name])
-            if value.shape != current.shape:
-                raise SchedulerInputError(f"state array {name!r} has shape {value.shape}, expected {current.shape}")
-            new[name] = jnp.asarray(value, current.dtype)
-        self.state = self.state.replace(**new)
+        self.state = self.state.replace(**{name: jnp.asarray(value) for name, value in arrays.items()})
+        self.last_scores = self.last_progress = None   # they described the replaced state
+
+    def _check_state(self, header, arrays, source):
+        if int(arrays["step"]) != header["next_step"]:
+            raise CheckpointError(f"{source}: state array 'step' is {int(arrays['step'])} but the header's "
+                                  f"next_step is {header['next_step']}")

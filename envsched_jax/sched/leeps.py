@@ -236,7 +236,7 @@ class LEEPSReconstruction(Scheduler):
         batch, arms, mean = select(self.state, self._nbr_idx, self._nbr_w, step, config=self.config)
         nodes, arms, mean = np.asarray(batch), np.asarray(arms), np.asarray(mean, np.float64)
         self._pending_arms = dict(zip(nodes.tolist(), arms.tolist()))
-        return nodes, [ARMS[k] for k in arms], (mean * (1 - mean)).tolist(), []
+        return nodes, [ARMS[k] for k in arms], (mean * (1 - mean)).tolist(), {}
 
     def _observe(self, step, nodes, rewards):
         arms = np.array([self._pending_arms[int(i)] for i in nodes], np.int32)
@@ -247,4 +247,4 @@ class LEEPSReconstruction(Scheduler):
         return state_arrays(self.state)
 
     def _load_state_arrays(self, arrays):
-        self.state = load_state_arrays(self.state, arrays, self.name)
+        self.state = load_state_arrays(self.state, arrays)

@@ -132,7 +132,7 @@ class MoPPS(Scheduler):
                                   num_candidates=self.num_candidates, target=self.config.target))
         a, b = np.asarray(self.state.alpha)[nodes], np.asarray(self.state.beta)[nodes]
         mean = a / (a + b)
-        return nodes, ["mopps"] * self.batch_size, (mean * (1 - mean)).astype(float).tolist(), []
+        return nodes, ["mopps"] * self.batch_size, (mean * (1 - mean)).astype(float).tolist(), {}
 
     def _observe(self, step, nodes, rewards):
         self.state = observe(self.state, jnp.asarray(nodes, jnp.int32), jnp.asarray(rewards, jnp.float32),
@@ -142,4 +142,4 @@ class MoPPS(Scheduler):
         return state_arrays(self.state)
 
     def _load_state_arrays(self, arrays):
-        self.state = load_state_arrays(self.state, arrays, self.name)
+        self.state = load_state_arrays(self.state, arrays)

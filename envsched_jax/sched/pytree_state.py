@@ -8,26 +8,14 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from envsched_jax.sched.base import SchedulerInputError
-
 
 def state_arrays(state) -> dict[str, np.ndarray]:
     """Copies of every field of ``state`` as numpy arrays."""
     return {f.name: np.array(getattr(state, f.name)) for f in dataclasses.fields(state)}
 
 
-def load_state_arrays(state, arrays: dict[str, np.ndarray], scheduler: str):
-    """``state`` with every field replaced from ``arrays`` (same names, shapes; dtypes cast to the
-    current ones). Raises :class:`SchedulerInputError` and returns nothing on a mismatch."""
-    fields = {f.name for f in dataclasses.fields(state)}
-    if set(arrays) != fields:
-        raise SchedulerInputError(f"{scheduler} state needs exactly {sorted(fields)}, got {sorted(arrays)}")
-    new = {}
-    for name in fields:
-        current = getattr(state, name)
-        value = np.asarray(arrays[name])
-        if value.shape != current.shape:
-            raise SchedulerInputError(f"{scheduler} state array {name!r} has shape {value.shape}, "
-                                      f"expected {current.shape}")
-        new[name] = jnp.asarray(value, current.dtype)
-    return state.replace(**new)
+def load_state_arrays(state, arrays: dict[str, np.ndarray]):
+    """``state`` with every field replaced from ``arrays``, which
+    :meth:`~envsched_jax.sched.base.Scheduler.load_state_dict` has already checked against
+    :func:`state_arrays` (names, shapes, dtypes, finite values)."""
+    return state.replace(**{name: jnp.asarray(value) for name, value in arrays.items()})

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from envsched_jax.graph.build import PoolGraph
-from envsched_jax.sched.base import Scheduler, SchedulerInputError, register_scheduler
+from envsched_jax.sched.base import Scheduler, register_scheduler
 
 
 @register_scheduler("random")
@@ -26,7 +26,7 @@ class RandomScheduler(Scheduler):
     def _select(self, step):
         key = jax.random.fold_in(jax.numpy.asarray(self._key), step)
         nodes = np.asarray(jax.random.choice(key, self.num_nodes, (self.batch_size,), replace=False))
-        return nodes, ["random"] * self.batch_size, None, []
+        return nodes, ["random"] * self.batch_size, None, {}
 
     def _observe(self, step, nodes, rewards):
         """Random keeps no statistics."""
@@ -35,6 +35,4 @@ class RandomScheduler(Scheduler):
         return {"key": self._key.copy()}
 
     def _load_state_arrays(self, arrays):
-        if set(arrays) != {"key"}:
-            raise SchedulerInputError(f"random scheduler state needs exactly 'key', got {sorted(arrays)}")
-        self._key = np.asarray(arrays["key"], np.uint32)
+        self._key = arrays["key"]
