@@ -138,41 +138,56 @@ def public_attrs(instance) -> dict:
     return {k: v for k, v in vars(instance).items() if not k.startswith("__")}
 
 
-def encode_state(value, _depth: int = 0, _ancestors: tuple = ()):
-    """``value`` as tagged JSON that :func:`decode_state` turns back into equal built-in values."""
+def encode_state(value, _depth: int = 0, _ancestors: tuple = (), _tagged: list | None = None):
+    """``value`` as tagged JSON that :func:`decode_state` turns back into equal built-in values.
+    ``_tagged`` (a list) receives an entry for every tag used: without any, the encoding is the
+    value's plain JSON."""
+    if _tagged is None:
+        _tagged = []
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
         return str(value)
     if isinstance(value, int):
         if value.bit_length() > 10_000:  # json cannot read back more than 4,300 digits
+            _tagged.append("int")
             return {_TAG: "int", "hex": hex(value)}
         return int(value)
     if isinstance(value, float):
-        return float(value) if math.isfinite(value) else {_TAG: "float", "repr": repr(value)}
+        if math.isfinite(value):
+            return float(value)
+        _tagged.append("float")
+        return {_TAG: "float", "repr": repr(value)}
     if _depth >= MAX_STATE_DEPTH:
         raise StateError(f"state nested deeper than {MAX_STATE_DEPTH} levels")
     if id(value) in _ancestors:
+        _tagged.append("ref")
         return {_TAG: "ref", "class": type(value).__name__}
     depth, inner = _depth + 1, _ancestors + (id(value),)
     if isinstance(value, dict):
         if all(type(k) is str for k in value) and _TAG not in value:
-            return {k: encode_state(v, depth, inner) for k, v in value.items()}
-        return {_TAG: "dict", "items": [[encode_state(k, depth, inner), encode_state(v, depth, inner)]
+            return {k: encode_state(v, depth, inner, _tagged) for k, v in value.items()}
+        _tagged.append("dict")
+        return {_TAG: "dict", "items": [[encode_state(k, depth, inner, _tagged),
+                                         encode_state(v, depth, inner, _tagged)]
                                         for k, v in value.items()]}
     if isinstance(value, list):
-        return [encode_state(v, depth, inner) for v in value]
+        return [encode_state(v, depth, inner, _tagged) for v in value]
     if isinstance(value, (tuple, set, frozenset)):
         kind = ("tuple" if isinstance(value, tuple)
                 else "frozenset" if isinstance(value, frozenset) else "set")
-        return {_TAG: kind, "items": [encode_state(v, depth, inner) for v in value]}
+        _tagged.append(kind)
+        return {_TAG: kind, "items": [encode_state(v, depth, inner, _tagged) for v in value]}
     if isinstance(value, (bytes, bytearray)):
+        _tagged.append("bytes")
         return {_TAG: "bytes", "hex": bytes(value).hex()}
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
+        _tagged.append("object")
         return {_TAG: "object", "class": type(value).__name__,
-                "attrs": {str(k): encode_state(v, depth, inner) for k, v in attrs.items()
+                "attrs": {str(k): encode_state(v, depth, inner, _tagged) for k, v in attrs.items()
                           if not str(k).startswith("__")}}
+    _tagged.append("repr")
     return {_TAG: "repr", "class": type(value).__name__, "repr": repr(value)[:10_000]}
 
 
@@ -440,10 +455,13 @@ class EpisodeCore:
             raise EpisodeStateError("score before reset")
         self.finish()
         final = public_attrs(self.instance)
-        return {"final": encode_state(final), "initial": self._initial_state,
+        tagged: list = []
+        encoded = encode_state(final, _tagged=tagged)
+        return {"final": encoded, "initial": self._initial_state,
                 "turn_states": self.turn_states, "end_reason": self.end_reason,
                 "error": self.error, "num_steps": self.num_steps,
-                "final_state": to_jsonable(final)}
+                # None: the same as "final" (plain JSON), not sent twice
+                "final_state": to_jsonable(final) if tagged else None}
 
     def score(self) -> dict:
         """Final payload, checks and reward in this process (the in-process sandbox)."""
@@ -479,7 +497,9 @@ def assemble_score(payload: dict, checked: dict) -> dict:
     record fields."""
     return {"reward": reward_of(checked["check_results"]),
             "check_results": checked["check_results"], "check_errors": checked["check_errors"],
-            "final_state": payload["final_state"], "end_reason": payload["end_reason"],
+            "final_state": (payload["final"] if payload["final_state"] is None
+                            else payload["final_state"]),
+            "end_reason": payload["end_reason"],
             "error": payload["error"], "turn_states": payload["turn_states"],
             "num_steps": payload["num_steps"]}
 
@@ -521,16 +541,23 @@ _WARM_UP_SPEC = {
 }
 
 
-def warm_up() -> None:
-    """Run a tiny built-in episode and its checks through every code path an episode takes
-    (set-up, steps, state encoding, JSON, checks). A process forked from the jail's supervisor
-    calls this while it waits for its request: the first run of these paths in a fresh process
-    costs page faults and interpreter warm-up that would otherwise fall on the episode."""
+def warm_up(role: str = "episode") -> None:
+    """Run the code paths of one role on a tiny built-in episode: ``episode`` (set-up, steps,
+    state encoding, JSON) or ``checks`` (decoding, compiling and running checks). A process
+    forked from the jail's supervisor calls this while it waits for its request: the first run of
+    these paths in a fresh process costs page faults and interpreter warm-up that would otherwise
+    fall on the episode."""
     try:
+        if role == "checks":
+            state = {"records": {"r0": {"name": "c", "tags": [], "n": 2}}, "log": [{"op": "u"}]}
+            payload = json.loads(json.dumps({"final": state, "initial": state, "turn_states": [],
+                                             "end_reason": "chat_with_user", "error": None}))
+            check_payload(_WARM_UP_SPEC, payload,
+                          compile_checks("warm-up", _WARM_UP_SPEC["checks"]))
+            return
         episode = EpisodeCore(dict(_WARM_UP_SPEC))
         play_actions(episode, [{"name": "update", "arguments": {"key": "r0", "value": "c"}},
                                {"name": "update", "arguments": {"key": "r1", "value": "d"}}])
-        payload = json.loads(json.dumps(episode.final_payload()))
-        assemble_score(payload, check_payload(_WARM_UP_SPEC, payload))
+        json.loads(json.dumps(episode.final_payload()))
     except Exception:  # a failed warm-up costs only speed
         pass

@@ -238,7 +238,7 @@ def _serve_compile(chan: _ChildChannel) -> None:
 def _serve_checks(chan: _ChildChannel) -> None:
     """Two requests: the task's checks (compiled while the episode runs elsewhere), then the
     episode's final payload (checked; one reply)."""
-    core.warm_up()
+    core.warm_up("checks")
     task = chan.read()
     if task is None:
         return
@@ -289,6 +289,7 @@ class Supervisor:
         self.spare_keys: dict[str, set[str]] = {}  # CODE_CACHE keys each spare inherited
         self.child_keys: set[str] = set()
         self.dirty = False         # something ran since the last full clean-up
+        self.unsettled = False     # processes were killed but not yet waited for
         self.spec = None
         self.exits: dict[int, tuple[int, float]] = {}  # reaped pid -> (status, CPU seconds)
 
@@ -334,18 +335,80 @@ class Supervisor:
             self.after_reply()
 
     def after_reply(self) -> None:
-        """Between episodes, off the parent's critical path: kill everything, empty the scratch
-        folders, then fork the next episode and check processes ahead; they warm up
-        (:func:`core.warm_up`) while the parent prepares its next request."""
+        """Between episodes, while the parent reads the reply: SIGKILL every other process (no
+        waiting: :meth:`settle` waits, before the next episode starts), then fork the next
+        episode and check processes ahead; they warm up (:func:`core.warm_up`) meanwhile. A
+        killed process runs no more code; the spares are non-dumpable and run none of it."""
         if self.child is not None or (self.spares and not self.dirty):
             return
-        if not self.clean_up():
-            return  # the next request fails its clean-up too and retires this jail
-        for role, serve in (("episode", _serve_episode), ("checks", _serve_checks)):
-            self.spares[role] = self._spawn(serve)
-            self.spare_keys[role] = set(self.code_cache)
+        for proc in (self.child, self.checker, *self.spares.values()):
+            if proc is not None:
+                proc[1].close()
+        self.child = self.checker = None
+        self.spares.clear()
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.spares = self._spawn_spares()
+        self.spare_keys = {role: set(self.code_cache) for role in self.spares}
+        self.dirty = False
+        self.unsettled = True
+
+    def settle(self) -> bool:
+        """Before an episode starts: every process killed after the last one is gone (the
+        spares excepted) and the scratch folders are empty."""
+        if not self.unsettled:
+            return True
+        self.resolve_spare_checker()
+        self.unsettled = not (self.kill_others(self.spare_pids()) and _wipe_scratch())
+        return not self.unsettled
 
     # -- processes --------------------------------------------------------------------------
+    def _spawn_spares(self) -> dict[str, tuple]:
+        """One fork for both spares: the episode spare forks the check spare first thing, and
+        the check spare announces its PID on its socket (both still run only our code)."""
+        env_parent, env_child = socket.socketpair()
+        chk_parent, chk_child = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                env_parent.close()
+                chk_parent.close()
+                if os.fork() == 0:
+                    env_child.close()
+                    chan = _enter_child(chk_child.fileno(), self.limits)
+                    chan.write({"pid": os.getpid()})
+                    _serve_checks(chan)
+                else:
+                    chk_child.close()
+                    _serve_episode(_enter_child(env_child.fileno(), self.limits))
+            finally:
+                os._exit(0)
+        env_child.close()
+        chk_child.close()
+        return {"episode": (pid, env_parent), "checks": (None, chk_parent)}
+
+    def resolve_spare_checker(self) -> None:
+        """Read the check spare's PID (it sent it when it started); drop the spare if it cannot
+        be read."""
+        spare = self.spares.get("checks")
+        if spare is None or spare[0] is not None:
+            return
+        try:
+            message = self._read_frame(spare[1], time.monotonic() + 5.0)
+            pid = int(message["pid"])
+        except Exception:
+            spare[1].close()
+            del self.spares["checks"]
+            return
+        self.spares["checks"] = (pid, spare[1])
+
+    def _read_frame(self, sock: socket.socket, deadline: float) -> dict:
+        header = self._recv((None, sock), frames.HEADER.size, deadline, "spare")
+        length = frames.frame_length(header, self.limits.max_message_bytes)
+        return frames.unpack(self._recv((None, sock), length, deadline, "spare"))
+
     def _spawn(self, serve) -> tuple[int, socket.socket]:
         parent_end, child_end = socket.socketpair()
         pid = os.fork()
@@ -359,7 +422,7 @@ class Supervisor:
         return pid, parent_end
 
     def spare_pids(self) -> set[int]:
-        return {pid for pid, _ in self.spares.values()}
+        return {pid for pid, _ in self.spares.values() if pid is not None}
 
     def _reap(self) -> None:
         while True:
@@ -374,6 +437,7 @@ class Supervisor:
     def take(self, role: str, serve) -> tuple[int, socket.socket]:
         """The spare process for ``role`` if it is still alive, else a freshly forked one."""
         self.dirty = True
+        self.resolve_spare_checker()
         spare = self.spares.pop(role, None)
         self.child_keys = self.spare_keys.pop(role, set())
         if spare is not None:
@@ -435,7 +499,7 @@ class Supervisor:
         self.spare_keys.clear()
         killed = self.kill_all()
         self.exits.clear()
-        self.dirty = False
+        self.dirty = self.unsettled = False
         return killed and _wipe_scratch()
 
     # -- talking to a child ---------------------------------------------------------------
@@ -564,6 +628,9 @@ class Supervisor:
         if op in ("reset", "run"):
             if self.child is not None and not self.clean_up():
                 return _error("processes", "could not clean up the previous episode", retire=True)
+            if not self.settle():
+                return _error("processes", "could not clean up after the previous episode",
+                              retire=True)
             spec = dict(request["spec"])
             spec["max_observation_chars"] = self.limits.max_message_bytes // 2
             self.preload_for(spec)
@@ -573,10 +640,11 @@ class Supervisor:
             task = {k: spec.get(k) for k in ("task_id", "checks", "user_turns")}
             self.send(self.checker, {"spec": task}, deadline, "checks")
             self.child = self.take("episode", _serve_episode)
+            spec = {k: v for k, v in spec.items() if k != "checks"}  # the checker has them
             if key in self.child_keys:  # the episode process has the code: no source, no bytes
-                spec = {**spec, "compiled_key": key, "class_source": ""}
+                spec.update(compiled_key=key, class_source="")
             elif key is not None:
-                spec = {**spec, "compiled_class": self.code_cache[key], "class_source": ""}
+                spec.update(compiled_class=self.code_cache[key], class_source="")
             if op == "reset":
                 reply = self.ask(self.child, {"op": "reset", "spec": spec}, deadline, "episode")
                 if not isinstance(reply.get("state"), dict):
@@ -612,7 +680,10 @@ class Supervisor:
         assert self.child is not None
         keep = self.spare_pids() | ({self.checker[0]} if self.checker else set())
         env_pid = self.child[0]
-        leftover = [p for p in _other_processes(live_only=True) if p != env_pid and p not in keep]
+        known = keep | {env_pid}
+        leftover = [p for p in _other_processes() if p not in known]
+        if leftover:  # rare: look closer (zombies do not count)
+            leftover = [p for p in _other_processes(live_only=True) if p not in known]
         self.child[1].close()
         self.child = None
         # The checks start while the killed episode process is still being torn down (the full
@@ -630,7 +701,9 @@ class Supervisor:
         checker, self.checker = self.checker, None
         try:
             os.kill(checker[0], signal.SIGCONT)  # in case the episode stopped it
-            checked = self.ask(checker, {"payload": payload}, deadline, "checks")
+            checked = self.ask(checker, {"payload": {k: v for k, v in payload.items()
+                                                     if k != "final_state"}},
+                               deadline, "checks")
         except ProcessLookupError:
             raise EpisodeFailed("crashed", "the check process was killed during the episode") from None
         finally:

@@ -46,7 +46,9 @@ class SandboxConfig:
       trust: in-process only: ``trusted_class`` admits environments with a trusted class
         object; ``any`` also admits source strings you vouch for.
       site_packages: installed top-level packages the jailed workers may import.
-      docker_cpus: CPUs per Docker worker (``--cpus``).
+      docker_cpus: CPUs per Docker worker (``--cpus``). Two by default: a worker runs an
+        episode's process, its check process and the next episode's spare processes side by
+        side (one CPU makes them queue; measured 48-51 vs 63 episodes/s on the embedded pool).
     """
 
     kind: SandboxKind = "bwrap"
@@ -54,7 +56,7 @@ class SandboxConfig:
     num_workers: int = 2
     trust: Trust = "trusted_class"
     site_packages: tuple[str, ...] = DEFAULT_SITE_PACKAGES
-    docker_cpus: float = 1.0
+    docker_cpus: float = 2.0
 
     def __post_init__(self):
         if self.kind not in SANDBOX_KINDS:

@@ -279,7 +279,7 @@ class DockerWorker(StreamWorker):
 class DockerBackend:
     name = "docker"
 
-    def __init__(self, limits: SandboxLimits, site_packages: tuple[str, ...], cpus: float = 1.0):
+    def __init__(self, limits: SandboxLimits, site_packages: tuple[str, ...], cpus: float = 2.0):
         reason = unavailable_reason()
         if reason:
             raise SandboxUnavailable(reason)
