@@ -675,7 +675,9 @@ class Supervisor:
         return _error("protocol", f"unknown op {op!r}")
 
     def score(self, payload, deadline: float) -> dict:
-        """Kill the episode's processes, run the checks in a fresh process, clean up again."""
+        """Refuse an episode that left processes, kill the episode process, run the checks in
+        the check process bound at reset (fresh, compiled them meanwhile), validate them and
+        compute the reward. The full clean-up follows the reply (:meth:`after_reply`)."""
         _validate_payload(payload)
         assert self.child is not None
         keep = self.spare_pids() | ({self.checker[0]} if self.checker else set())
