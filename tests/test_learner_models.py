@@ -418,3 +418,18 @@ def test_bfloat16_policies_run(name):
     out = generate_jit(policy.model, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0),
                        max_new_tokens=4, eos_token_ids=(), pad_token_id=0)
     assert out.tokens.shape == (3, 4) and bool(out.mask.all())
+
+
+def test_generation_runs_under_jax_enable_x64():
+    """Other tests (and users) enable jax_enable_x64; tunix indexes its cache with Python ints
+    beside the cache's end index, so that index must have the default integer type."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        policy = models.load_policy("tiny_llama", with_tokenizer=False)
+        prompt = jnp.asarray(np.arange(12).reshape(2, 6), jnp.int32)
+        out = models.generate(policy.model, prompt, jnp.ones((2, 6), jnp.int32), jax.random.key(0),
+                              max_new_tokens=3)
+        assert out.tokens.shape == (2, 3) and bool(out.mask.all())
+    finally:
+        jax.config.update("jax_enable_x64", previous)

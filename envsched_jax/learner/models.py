@@ -444,7 +444,9 @@ def _init_cache(model: nnx.Module, batch: int, size: int) -> dict[str, dict[str,
         dtype = config.dtype
     shape = (batch, size, config.num_kv_heads, config.head_dim)
     return {f"layer_{i}": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-                           "end_index": jnp.zeros((batch,), jnp.int32)}
+                           # the default integer type: tunix indexes with Python ints beside it,
+                           # which become int64 under jax_enable_x64
+                           "end_index": jnp.zeros((batch,), int)}
             for i in range(config.num_layers)}
 
 
