@@ -302,7 +302,7 @@ def smollm2_gguf() -> Path:
     try:
         return weights.smollm2_gguf_path()
     except FileNotFoundError as err:
-        pytest.skip(str(err))
+        pytest.skip(f"SmolLM2 weights unavailable on this machine: {err}")
 
 
 @pytest.fixture(scope="module")
