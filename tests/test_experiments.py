@@ -70,3 +70,24 @@ def test_bench_episodes_small(tmp_path, capsys):
     entry = result["sandboxes"]["inprocess"]["pools"]["embedded"]
     assert entry["episodes"] == 192 and entry["mean_reward"] == 1.0 and entry["episodes_per_second"] > 0
     assert "inprocess  embedded" in capsys.readouterr().out
+
+
+def test_bench_learner_tiny(tmp_path):
+    """The learner benchmark times our step and torch's on the tiny model, and the two agree on
+    the first step (the script itself fails when they do not)."""
+    pytest.importorskip("torch", reason="torch (CPU build) is the benchmark's baseline; "
+                        "`make install` installs it")
+    import json
+
+    import bench_learner
+
+    out = tmp_path / "bench.json"
+    bench_learner.main(bench_learner.Args(models=("tiny_llama",), steps=1, warmup=0, seq_len=32,
+                                          prompt_len=8, out=out))
+    entry = json.loads(out.read_text())["models"]["tiny_llama"]
+    assert set(entry["backends"]) == {"ours", "torch"}
+    assert entry["grad_norm_rel_diff"] <= 1e-3 and entry["speedup_vs_torch"] > 0
+    assert entry["generated_tokens_per_step"] == 8 * 24
+    ours = entry["backends"]["ours"]
+    assert ours["loss"] == pytest.approx(entry["backends"]["torch"]["loss"], rel=1e-4, abs=1e-7)
+    assert ours["clip_fraction"] == entry["backends"]["torch"]["clip_fraction"]
