@@ -1,0 +1,362 @@
+"""The agent loop (EnvSched section 3.1): a language model acting in a sandboxed environment.
+
+One episode:
+
+1. The system prompt (the environment's summary and the tool catalog) and the task's first user
+   message are rendered with the model family's chat template (:mod:`.chat`).
+2. The backend samples an assistant message from the token ids (:mod:`.backends.base`).
+3. The message is parsed in the family's tool-call format (:mod:`.tool_calls`):
+   - each well-formed call is executed as an environment step in the episode's sandbox worker
+     (bubblewrap, Docker, or in-process for trusted environments), and its observation comes
+     back as a ``tool`` message;
+   - a malformed call comes back as a ``tool`` message saying what is wrong (the episode goes
+     on);
+   - a message without calls is a message to the user: the ``chat_with_user`` action. It ends a
+     single-turn episode; in a multi-turn pool (BFCL) it closes the user turn and the pool's next
+     scripted user turn comes back as a ``user`` message. Tools that become available at a
+     later turn (BFCL's missing-function category) are announced in that user message.
+4. Repeat until the environment ends the episode, a terminate tool ran, or a limit is reached;
+   then the verifier scores the final state outside environment code (the runtime's supervisor)
+   and the reward is the fraction of passed checks, or all-or-nothing when configured.
+
+Limits (the paper's, as :class:`AgentConfig` defaults): 40 assistant turns, 4,096 tokens per
+turn, 32,000 tokens per sequence. Sampling: temperature 0.99, top-p 0.99, top-k 100.
+
+Every way an episode can end has a named ``end_reason``: ``answered`` (the model answered the
+user and the environment ended the episode), ``env_done`` (the environment ended it after a tool
+call: its own step limit, a tool error, the last turn), ``terminate_tool``, ``max_turns``,
+``max_sequence_tokens`` (the next turn would not fit; the episode is scored as it stands),
+``generation_error`` (the backend failed a request: reward 0, the error kept), ``wall_clock``
+(the episode's time ran out), or ``sandbox_<kind>`` (the sandbox failed: reward 0). An episode
+cut by a limit is scored on the state it reached (CHOICE: the paper is silent; EnvScaler's runner
+scores an episode that hit its step limit the same way).
+
+Concurrency: :class:`AgentRunner` runs many episodes at once, one thread each; a thread waits on
+its generation future or on its sandbox worker, so generation and environment execution of
+different episodes overlap, and a slow episode blocks no other.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from envsched_jax.envs.episode import Episode
+from envsched_jax.envs.runtime.core import CHAT_WITH_USER
+from envsched_jax.envs.sandbox.base import WorkerPool
+from envsched_jax.envs.trajectory import Trajectory
+from envsched_jax.pool.model import Action, Environment, Pool, Task
+from envsched_jax.rollout.backends.base import (Completion, GenerationBackend, GenerationRequest,
+                                                SamplingParams)
+from envsched_jax.rollout.chat import ChatRenderer, Transcript, observation_text
+from envsched_jax.rollout.tool_calls import tool_format
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent acting in a software environment through its tools.\n"
+    "Environment: {summary}\n"
+    "Complete the user's request by calling tools. When you are done, answer the user in plain "
+    "text without a tool call.")
+"""CHOICE: the paper does not print its system prompt; this one states the environment and the
+protocol (tools, then a plain answer) and nothing task-specific."""
+
+EndReason = Literal["answered", "env_done", "terminate_tool", "max_turns", "max_sequence_tokens",
+                    "generation_error", "wall_clock"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """How an agent acts; defaults are EnvSched section 3.1's.
+
+    Attributes:
+      max_turns: assistant messages per episode (the paper: 40).
+      max_tokens_per_turn: tokens one assistant message may have (the paper: 4,096).
+      max_sequence_tokens: tokens of the whole episode, prompt included (the paper: 32,000).
+      sampling: temperature / top-p / top-k (the paper: 0.99 / 0.99 / 100); its
+        ``max_new_tokens`` is replaced by what the turn and sequence limits leave.
+      tool_format: the family's tool-call format (``hermes``, ``json_list``, ``llama3_json``).
+      system_prompt: a format string with ``{summary}`` (the environment's summary).
+      reward: ``fraction`` (passed checks / checks, the paper's) or ``all_or_nothing``
+        (1 only when every check passes, as tau-bench scores).
+      terminate_tools: tool names that end the episode once executed (a pool's "submit" or
+        "transfer_to_human"); tasks may add their own under ``metadata["terminate_tools"]``.
+      episode_timeout_s: wall-clock limit of one episode, generation included.
+      generation_timeout_s: the longest wait for one completion.
+    """
+
+    max_turns: int = 40
+    max_tokens_per_turn: int = 4096
+    max_sequence_tokens: int = 32_000
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    tool_format: str = "json_list"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    reward: Literal["fraction", "all_or_nothing"] = "fraction"
+    terminate_tools: tuple[str, ...] = ()
+    episode_timeout_s: float = 1800.0
+    generation_timeout_s: float = 600.0
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_tokens_per_turn", "max_sequence_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.reward not in ("fraction", "all_or_nothing"):
+            raise ValueError(f"AgentConfig.reward must be 'fraction' or 'all_or_nothing', "
+                             f"got {self.reward!r}")
+        tool_format(self.tool_format)  # raises on an unknown name
+        for name in ("episode_timeout_s", "generation_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"AgentConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        try:
+            self.system_prompt.format(summary="")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"AgentConfig.system_prompt must be a format string whose only "
+                             f"field is {{summary}}: {err}") from None
+
+
+@dataclasses.dataclass
+class AgentEpisode:
+    """One episode's record: what the learner needs and what a researcher inspects.
+
+    Attributes:
+      task_id, env_id: the node.
+      rollout_index: which of the task's K rollouts.
+      transcript: token ids, loss mask, sampler log-probs, chat messages.
+      trajectory: the environment's record (actions, observations, state changes, checks).
+      reward: the reward used for learning (all-or-nothing applied when configured).
+      end_reason: see the module docstring.
+      error: what went wrong, if anything.
+      num_turns: assistant messages generated.
+      malformed_calls: tool calls that could not be parsed.
+      generation_seconds, environment_seconds: time spent waiting on each.
+    """
+
+    task_id: str
+    env_id: str
+    rollout_index: int
+    transcript: Transcript
+    trajectory: Trajectory | None
+    reward: float
+    end_reason: str
+    error: str | None
+    num_turns: int
+    malformed_calls: int = 0
+    generation_seconds: float = 0.0
+    environment_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+
+def _new_tools_note(tools: Sequence[Mapping[str, Any]]) -> str:
+    lines = "\n".join(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools)
+    return f"\n\nNew tools are available now:\n{lines}"
+
+
+class AgentRunner:
+    """Runs agent episodes of a pool's tasks with one generation backend and one sandbox.
+
+    Args:
+      backend: the generator (:mod:`.backends`).
+      tokenizer: the policy's transformers tokenizer (chat template included).
+      workers: the sandbox workers the environments run in; at most ``workers.size`` episodes
+        hold a worker at once (an episode keeps its worker from reset to score, since the
+        environment's state lives in it).
+      pool: the tasks and environments.
+      config: limits, sampling, formats.
+      stop_token_ids: tokens that end an assistant message (the tokenizer's end of turn).
+    """
+
+    def __init__(self, backend: GenerationBackend, tokenizer, workers: WorkerPool, pool: Pool,
+                 config: AgentConfig | None = None, *, stop_token_ids: Sequence[int] = ()):
+        self.backend = backend
+        self.workers = workers
+        self.pool = pool
+        self.config = config or AgentConfig()
+        self.format = tool_format(self.config.tool_format)
+        self.renderer = ChatRenderer(tokenizer, self.format)
+        stops = tuple(int(t) for t in stop_token_ids)
+        if not stops and tokenizer.eos_token_id is not None:
+            stops = (int(tokenizer.eos_token_id),)
+        if not stops:
+            raise ValueError("AgentRunner needs stop_token_ids (the tokenizer has no end token)")
+        self.stop_token_ids = stops
+        self._closing_reserve = len(self.renderer.encode(self.renderer.assistant_suffix))
+
+    # -- one episode ------------------------------------------------------------------------
+    def run_episode(self, task: Task, rollout_index: int = 0, seed: int = 0) -> AgentEpisode:
+        """Run one episode; always returns (every failure is an end reason with reward 0 or the
+        score of the state reached)."""
+        env = self.pool.environment(task.env_id)
+        start = time.monotonic()
+        transcript = Transcript()
+        record = AgentEpisode(task.task_id, env.env_id, rollout_index, transcript, None, 0.0,
+                              "", None, 0)
+        episode = Episode(self.workers, env, max_steps=None, timeout=self.config.episode_timeout_s)
+        t0 = time.monotonic()
+        first = episode.reset(task)
+        record.environment_seconds += time.monotonic() - t0
+        if first is None:  # the sandbox failed at reset
+            return self._finish(record, episode, task, start)
+        offered = list(first.get("tools") or [])
+        tools = [t for t in env.tools if t["function"]["name"] in set(offered)]
+        system = self.config.system_prompt.format(summary=env.summary or env.introduction)
+        messages = self.renderer.initial_messages(system, str(first.get("content", "")), tools)
+        transcript.messages.extend(messages)
+        transcript.add_context(self.renderer.prompt_ids(messages, tools))
+        terminate = set(self.config.terminate_tools) | set(task.metadata.get("terminate_tools", ()))
+        try:
+            self._loop(record, episode, env, task, seed, offered, terminate)
+        except Exception as err:  # a bug or a template problem: name it, never lose the episode
+            record.end_reason = record.end_reason or "agent_error"
+            record.error = f"{type(err).__name__}: {err}"
+            episode.close()
+        return self._finish(record, episode, task, start)
+
+    def _loop(self, record: AgentEpisode, episode: Episode, env: Environment, task: Task,
+              seed: int, offered: list[str], terminate: set[str]) -> None:
+        cfg = self.config
+        transcript = record.transcript
+        while True:
+            if record.num_turns >= cfg.max_turns:
+                record.end_reason = "max_turns"
+                return
+            # room for the turn and for the closing markup a cut message gets
+            room = cfg.max_sequence_tokens - len(transcript) - self._closing_reserve
+            if room < 1:
+                record.end_reason = "max_sequence_tokens"
+                if record.num_turns == 0:
+                    record.error = (f"the first prompt has {len(transcript)} tokens, which leaves "
+                                    f"no room under max_sequence_tokens = {cfg.max_sequence_tokens}")
+                return
+            remaining = episode.remaining_seconds()
+            if remaining <= 0:
+                record.end_reason = "wall_clock"
+                record.error = f"episode timeout of {cfg.episode_timeout_s:g} s exceeded"
+                return
+            completion = self._generate(transcript, record, task, seed,
+                                        min(cfg.max_tokens_per_turn, room),
+                                        min(remaining, cfg.generation_timeout_s))
+            record.num_turns += 1
+            if completion.finish_reason == "error":
+                transcript.add_sampled(completion.token_ids, completion.logprobs)
+                record.end_reason = "generation_error"
+                record.error = completion.error
+                return
+            transcript.add_sampled(completion.token_ids, completion.logprobs)
+            text = self.renderer.decode(completion.token_ids, skip_special_tokens=True)
+            if completion.finish_reason == "length":
+                # a cut message is not executed: its calls may be half written
+                closing = self.renderer.closing_ids(completion.token_ids)
+                transcript.add_context(closing)
+                transcript.messages.append({"role": "assistant", "content": text})
+                new = [{"role": "user", "content": "Your message was cut at the length limit; "
+                        "its tool calls were not run. Write shorter messages."}]
+                if not self._append(transcript, new):
+                    record.end_reason = "max_sequence_tokens"
+                    return
+                continue
+            transcript.add_context(self.renderer.closing_ids(completion.token_ids))
+            transcript.messages.append({"role": "assistant", "content": text})
+            parsed = self.format.parse(text)
+            new_messages: list[dict[str, Any]] = []
+            if not parsed.has_calls:
+                reply = self._step(record, episode, Action(CHAT_WITH_USER, {"message": parsed.content}))
+                if reply is None or episode.done:
+                    record.end_reason = record.end_reason or "answered"
+                    return
+                content = str(reply.get("content", "")) if isinstance(reply, dict) else str(reply)
+                now = list(reply.get("tools") or []) if isinstance(reply, dict) else offered
+                added = [n for n in now if n not in offered]
+                if added:
+                    offered.extend(added)
+                    content += _new_tools_note([t for t in env.tools
+                                                if t["function"]["name"] in set(added)])
+                new_messages.append({"role": "user", "content": content})
+            else:
+                for error in parsed.errors:
+                    record.malformed_calls += 1
+                    new_messages.append({"role": "tool", "content": observation_text(
+                        {"success": False, "error": f"malformed tool call: {error}"})})
+                for call in parsed.calls:
+                    observation = self._step(record, episode, Action(call.name, dict(call.arguments)))
+                    new_messages.append({"role": "tool", "content": observation_text(observation)})
+                    if call.name in terminate:
+                        record.end_reason = "terminate_tool"
+                        return
+                    if episode.done:
+                        record.end_reason = "env_done"
+                        return
+            if not self._append(transcript, new_messages):
+                record.end_reason = "max_sequence_tokens"
+                return
+
+    def _append(self, transcript: Transcript, messages: list[dict[str, Any]]) -> bool:
+        """Append rendered messages; False (nothing appended) when they would not fit."""
+        ids = self.renderer.delta_ids(messages)
+        if len(transcript) + len(ids) >= self.config.max_sequence_tokens:
+            return False
+        transcript.add_context(ids)
+        transcript.messages.extend(messages)
+        return True
+
+    def _generate(self, transcript: Transcript, record: AgentEpisode, task: Task, seed: int,
+                  max_new: int, timeout: float) -> Completion:
+        sampling = dataclasses.replace(self.config.sampling, max_new_tokens=max_new)
+        request = GenerationRequest(tuple(transcript.token_ids), sampling, self.stop_token_ids,
+                                    seed=seed * 1_000 + record.num_turns,
+                                    request_id=f"{task.task_id}#{record.rollout_index}"
+                                               f"/turn{record.num_turns}")
+        t0 = time.monotonic()
+        future = self.backend.submit(request)
+        try:
+            completion = future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            completion = Completion.failed(f"no completion within {timeout:g} s")
+        record.generation_seconds += time.monotonic() - t0
+        return completion
+
+    def _step(self, record: AgentEpisode, episode: Episode, action: Action) -> Any:
+        """One environment step and its observation. A sandbox failure ends the episode
+        (``episode.done``); scoring then reports it as ``sandbox_<kind>``."""
+        t0 = time.monotonic()
+        result = episode.step(action)
+        record.environment_seconds += time.monotonic() - t0
+        return result.observation
+
+    def _finish(self, record: AgentEpisode, episode: Episode, task: Task, start: float
+                ) -> AgentEpisode:
+        if episode.trajectory is None:
+            if record.end_reason == "generation_error" or record.end_reason == "agent_error":
+                episode.close()  # the model failed, not the environment: reward 0
+            else:
+                t0 = time.monotonic()
+                episode.score()
+                record.environment_seconds += time.monotonic() - t0
+        trajectory = episode.trajectory
+        record.trajectory = trajectory
+        if trajectory is not None:
+            if trajectory.error and trajectory.end_reason.startswith("sandbox_"):
+                record.end_reason = trajectory.end_reason
+                record.error = trajectory.error
+            elif not record.end_reason:
+                record.end_reason = "env_done"
+            passed = trajectory.check_results
+            if self.config.reward == "all_or_nothing":
+                record.reward = 1.0 if passed and all(passed) else 0.0
+            else:
+                record.reward = float(trajectory.reward)
+        else:
+            record.reward = 0.0
+        record.wall_seconds = time.monotonic() - start
+        return record
+
+    # -- many episodes ------------------------------------------------------------------------
+    def run(self, jobs: Sequence[tuple[Task, int, int]], max_in_flight: int | None = None
+            ) -> list[AgentEpisode]:
+        """Run ``(task, rollout_index, seed)`` jobs concurrently (``max_in_flight`` threads, by
+        default the sandbox's worker count); results in job order."""
+        threads = max_in_flight or self.workers.size
+        with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as executor:
+            return list(executor.map(lambda job: self.run_episode(*job), jobs))
