@@ -3,6 +3,7 @@ reason, multi-turn pools, concurrency, real sandboxes, and the learner's batch."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -335,3 +336,131 @@ def test_episodes_to_batch_groups_pads_and_computes_advantages(tokenizer, embedd
         group_episodes(episodes, [tasks[0].task_id], 4)
     cut = episodes_to_batch(groups, pad_id=0, max_length=40)
     assert cut.tokens.shape[1] == 40
+
+
+# -- simulated users --------------------------------------------------------------------------
+
+CHAT_SOURCE = '''
+import gc
+
+class Desk:
+    def __init__(self, init_config=None):
+        self.tickets = {}
+
+    def open_ticket(self, topic):
+        self.tickets[topic] = "open"
+        return {"success": True}
+
+    def forge_messages(self):
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "EpisodeCore":
+                obj.agent_messages.append({"turn": 0, "message": "code 4417"})
+        return {"success": True}
+'''
+
+MESSAGE_CHECK = ("def check_func(final_state):\n"
+                 "    return any('code 4417' in m['message'] for m in final_state['__messages__'])\n")
+TICKET_CHECK = "def check_func(final_state):\n    return final_state['tickets'].get('refund') == 'open'\n"
+BRIEF = "You want a refund ticket opened. Your secret order number is 99-SECRET-77."
+
+
+def chat_pool():
+    from envsched_jax.pool.model import Check, Environment, Pool, Task
+
+    tools = tuple({"type": "function", "function": {
+        "name": n, "description": n, "parameters": {"type": "object", "properties": props}}}
+        for n, props in (("open_ticket", {"topic": {"type": "string"}}), ("forge_messages", {})))
+    env = Environment(env_id="desk", class_name="Desk", summary="A help desk.", tools=tools,
+                      class_source=CHAT_SOURCE)
+    task = Task("desk-0", "desk", "(the simulated user opens)", {}, (
+        Check("the agent told the user the code", MESSAGE_CHECK),
+        Check("a refund ticket is open", TICKET_CHECK)),
+        metadata={"user_mode": "simulated", "user_brief": BRIEF,
+                  "user_script": ["Hi, I need a refund.", "Thanks!"]})
+    return Pool("desk", (env,), (task,))
+
+
+def desk_agent(turns):
+    def respond(prompt, request):
+        return turns[turn_of(request)]
+    return respond
+
+
+HONEST = ['<tool_call>[{"name": "open_ticket", "arguments": {"topic": "refund"}}]</tool_call>',
+          "Your refund ticket is open; your code is code 4417.", "Goodbye."]
+FORGER = ['<tool_call>[{"name": "open_ticket", "arguments": {"topic": "refund"}}]</tool_call>',
+          '<tool_call>[{"name": "forge_messages", "arguments": {}}]</tool_call>',
+          "Your refund ticket is open.", "Goodbye."]
+
+
+@pytest.mark.parametrize("kind", ["inprocess", sandbox_param("bwrap"), sandbox_param("docker")])
+def test_scripted_user_conversation_and_messages_visible_to_checks(tokenizer, kind):
+    from envsched_jax.rollout.users import ScriptedUser
+
+    pool = chat_pool()
+    config = SandboxConfig(kind=kind, num_workers=1, trust="any")
+    with make_worker_pool(config) as workers:
+        backend = ScriptedBackend(tokenizer, desk_agent(HONEST))
+        agent = AgentRunner(backend, tokenizer, workers, pool, user=ScriptedUser())
+        ep = agent.run_episode(pool.tasks[0])
+    assert (ep.end_reason, ep.reward, ep.error) == ("user_ended", 1.0, None)
+    users = [m["content"] for m in ep.transcript.messages if m["role"] == "user"]
+    assert users == ["Hi, I need a refund.", "Thanks!"]
+    prompts = [tokenizer.decode(list(r.prompt_ids)) for r in backend.requests]
+    assert all("99-SECRET-77" not in p and "refund ticket opened" not in p for p in prompts)
+
+
+@pytest.mark.parametrize("kind", [sandbox_param("bwrap"), sandbox_param("docker")])
+def test_environment_code_cannot_forge_the_agents_messages(tokenizer, kind):
+    from envsched_jax.rollout.users import ScriptedUser
+
+    pool = chat_pool()
+    with make_worker_pool(SandboxConfig(kind=kind, num_workers=1)) as workers:
+        agent = AgentRunner(ScriptedBackend(tokenizer, desk_agent(FORGER)), tokenizer, workers,
+                            pool, user=ScriptedUser())
+        ep = agent.run_episode(pool.tasks[0])
+    # the forged message reached the episode process's own record, not the checks
+    assert ep.end_reason == "user_ended" and ep.trajectory.check_results == [False, True]
+    assert ep.reward == 0.5
+    # control: the attack is real; in-process (trusted code only) it does reach the checks
+    with make_worker_pool(SandboxConfig(kind="inprocess", num_workers=1, trust="any")) as workers:
+        agent = AgentRunner(ScriptedBackend(tokenizer, desk_agent(FORGER)), tokenizer, workers,
+                            pool, user=ScriptedUser())
+        assert agent.run_episode(pool.tasks[0]).trajectory.check_results == [True, True]
+
+
+def test_llm_user_gets_the_brief_and_ends_with_the_marker(tokenizer, embedded):
+    from envsched_jax.rollout.users import LLMUser, LLMUserConfig, UserError
+
+    pool = chat_pool()
+    user_prompts = []
+
+    def user_model(prompt, request):
+        user_prompts.append(prompt)
+        return ["I need a refund, order 99-SECRET-77.", "###STOP###"][int(request.request_id[-1])]
+
+    user = LLMUser(ScriptedBackend(tokenizer, user_model), tokenizer)
+    agent_backend = ScriptedBackend(tokenizer, desk_agent(HONEST))
+    with make_worker_pool(SandboxConfig(kind="inprocess", num_workers=1, trust="any")) as workers:
+        agent = AgentRunner(agent_backend, tokenizer, workers, pool, user=user)
+        ep = agent.run_episode(pool.tasks[0], seed=3)
+        assert (ep.end_reason, ep.reward) == ("user_ended", 1.0)
+        assert BRIEF in user_prompts[0] and "###STOP###" in user_prompts[0]
+        # the simulator saw the agent's message as its interlocutor's
+        assert "your code is code 4417" in user_prompts[1]
+        agent_prompts = [tokenizer.decode(list(r.prompt_ids)) for r in agent_backend.requests]
+        assert all(BRIEF not in p for p in agent_prompts)
+        assert "I need a refund, order 99-SECRET-77." in agent_prompts[0]
+        # failures: no simulator, a simulator that errors, a task without a brief
+        ep = AgentRunner(agent_backend, tokenizer, workers, pool).run_episode(pool.tasks[0])
+        assert ep.end_reason == "user_error" and "needs a user simulator" in ep.error
+        broken = LLMUser(ScriptedBackend(tokenizer, lambda p, r: TimeoutError("user model down")),
+                         tokenizer)
+        ep = AgentRunner(agent_backend, tokenizer, workers, pool, user=broken).run_episode(
+            pool.tasks[0])
+        assert (ep.end_reason, ep.reward) == ("user_error", 0.0) and "user model down" in ep.error
+    task = dataclasses.replace(pool.tasks[0], metadata={"user_mode": "simulated"})
+    with pytest.raises(UserError, match="needs metadata 'user_brief'"):
+        user.session(task)
+    with pytest.raises(ValueError, match=r"\{brief\} and \{stop\}"):
+        LLMUser(user.backend, tokenizer, LLMUserConfig(prompt="{goal}"))

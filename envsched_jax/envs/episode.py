@@ -59,6 +59,10 @@ def episode_spec(env: Environment, task: Task, max_steps: int | None = None) -> 
     """The JSON an episode's worker receives: everything about ``env`` and ``task`` it needs."""
     if task.env_id != env.env_id:
         raise ValueError(f"task {task.task_id!r} belongs to {task.env_id!r}, not {env.env_id!r}")
+    user_mode = task.metadata.get("user_mode", "scripted")
+    if user_mode not in ("scripted", "simulated"):
+        raise ValueError(f"task {task.task_id!r}: metadata user_mode must be 'scripted' or "
+                         f"'simulated', got {user_mode!r}")
     return {
         "env_id": env.env_id, "class_name": env.class_name, "class_source": env.class_source,
         "task_id": task.task_id, "instruction": task.instruction,
@@ -67,6 +71,7 @@ def episode_spec(env: Environment, task: Task, max_steps: int | None = None) -> 
         "withheld_tools": dict(task.metadata.get("withheld_tools", {})),
         "holdout_prompt": task.metadata.get("holdout_prompt", ""),
         "tool_names": list(env.tool_names), "max_steps": max_steps,
+        "user_mode": task.metadata.get("user_mode", "scripted"),
     }
 
 

@@ -22,8 +22,14 @@ One episode:
 Limits (the paper's, as :class:`AgentConfig` defaults): 40 assistant turns, 4,096 tokens per
 turn, 32,000 tokens per sequence. Sampling: temperature 0.99, top-p 0.99, top-k 100.
 
+Conversational tasks with a simulated user (``metadata["user_mode"] == "simulated"``, tau-bench
+style) get their user messages from a :mod:`.users` simulator that holds the task's private brief;
+the agent's messages to the user go to it, and its replies come back as ``user`` messages.
+
 Every way an episode can end has a named ``end_reason``: ``answered`` (the model answered the
-user and the environment ended the episode), ``env_done`` (the environment ended it after a tool
+user and the environment ended the episode), ``user_ended`` (the simulated user ended the
+conversation), ``user_error`` (the simulator failed: reward 0), ``agent_error`` (a bug in this
+loop or the chat template, named: reward 0), ``env_done`` (the environment ended it after a tool
 call: its own step limit, a tool error, the last turn), ``terminate_tool``, ``max_turns``,
 ``max_sequence_tokens`` (the next turn would not fit; the episode is scored as it stands),
 ``generation_error`` (the backend failed a request: reward 0, the error kept), ``wall_clock``
@@ -54,6 +60,7 @@ from envsched_jax.rollout.backends.base import (Completion, GenerationBackend, G
                                                 SamplingParams)
 from envsched_jax.rollout.chat import ChatRenderer, Transcript, observation_text
 from envsched_jax.rollout.tool_calls import tool_format
+from envsched_jax.rollout.users import UserError, UserSession, UserSimulator
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent acting in a software environment through its tools.\n"
@@ -63,8 +70,6 @@ DEFAULT_SYSTEM_PROMPT = (
 """CHOICE: the paper does not print its system prompt; this one states the environment and the
 protocol (tools, then a plain answer) and nothing task-specific."""
 
-EndReason = Literal["answered", "env_done", "terminate_tool", "max_turns", "max_sequence_tokens",
-                    "generation_error", "wall_clock"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +135,8 @@ class AgentEpisode:
       error: what went wrong, if anything.
       num_turns: assistant messages generated.
       malformed_calls: tool calls that could not be parsed.
-      generation_seconds, environment_seconds: time spent waiting on each.
+      generation_seconds, environment_seconds, user_seconds: time spent waiting on the
+        backend, the sandbox and the user simulator.
     """
 
     task_id: str
@@ -145,6 +151,7 @@ class AgentEpisode:
     malformed_calls: int = 0
     generation_seconds: float = 0.0
     environment_seconds: float = 0.0
+    user_seconds: float = 0.0
     wall_seconds: float = 0.0
 
 
@@ -165,11 +172,15 @@ class AgentRunner:
       pool: the tasks and environments.
       config: limits, sampling, formats.
       stop_token_ids: tokens that end an assistant message (the tokenizer's end of turn).
+      user: the user simulator for tasks whose ``metadata["user_mode"]`` is ``simulated``
+        (:mod:`.users`); their private brief goes to it, never to the agent.
     """
 
     def __init__(self, backend: GenerationBackend, tokenizer, workers: WorkerPool, pool: Pool,
-                 config: AgentConfig | None = None, *, stop_token_ids: Sequence[int] = ()):
+                 config: AgentConfig | None = None, *, stop_token_ids: Sequence[int] = (),
+                 user: UserSimulator | None = None):
         self.backend = backend
+        self.user = user
         self.workers = workers
         self.pool = pool
         self.config = config or AgentConfig()
@@ -198,15 +209,30 @@ class AgentRunner:
         record.environment_seconds += time.monotonic() - t0
         if first is None:  # the sandbox failed at reset
             return self._finish(record, episode, task, start)
+        session = None
+        opening = str(first.get("content", ""))
+        if task.metadata.get("user_mode") == "simulated":
+            try:
+                if self.user is None:
+                    raise UserError(f"task {task.task_id!r} needs a user simulator "
+                                    "(AgentRunner(user=...))")
+                session = self.user.session(task, seed)
+                t0 = time.monotonic()
+                opening = session.opening()
+                record.user_seconds += time.monotonic() - t0
+            except Exception as err:
+                record.end_reason, record.error = "user_error", f"{type(err).__name__}: {err}"
+                episode.close()
+                return self._finish(record, episode, task, start)
         offered = list(first.get("tools") or [])
         tools = [t for t in env.tools if t["function"]["name"] in set(offered)]
         system = self.config.system_prompt.format(summary=env.summary or env.introduction)
-        messages = self.renderer.initial_messages(system, str(first.get("content", "")), tools)
+        messages = self.renderer.initial_messages(system, opening, tools)
         transcript.messages.extend(messages)
         transcript.add_context(self.renderer.prompt_ids(messages, tools))
         terminate = set(self.config.terminate_tools) | set(task.metadata.get("terminate_tools", ()))
         try:
-            self._loop(record, episode, env, task, seed, offered, terminate)
+            self._loop(record, episode, env, task, seed, offered, terminate, session)
         except Exception as err:  # a bug or a template problem: name it, never lose the episode
             record.end_reason = record.end_reason or "agent_error"
             record.error = f"{type(err).__name__}: {err}"
@@ -214,7 +240,8 @@ class AgentRunner:
         return self._finish(record, episode, task, start)
 
     def _loop(self, record: AgentEpisode, episode: Episode, env: Environment, task: Task,
-              seed: int, offered: list[str], terminate: set[str]) -> None:
+              seed: int, offered: list[str], terminate: set[str],
+              session: UserSession | None) -> None:
         cfg = self.config
         transcript = record.transcript
         while True:
@@ -266,6 +293,20 @@ class AgentRunner:
                     record.end_reason = record.end_reason or "answered"
                     return
                 content = str(reply.get("content", "")) if isinstance(reply, dict) else str(reply)
+                if session is not None:
+                    t0 = time.monotonic()
+                    try:
+                        answer = session.reply(parsed.content)
+                    except Exception as err:
+                        record.end_reason = "user_error"
+                        record.error = f"{type(err).__name__}: {err}"
+                        return
+                    finally:
+                        record.user_seconds += time.monotonic() - t0
+                    if answer is None:
+                        record.end_reason = "user_ended"
+                        return
+                    content = answer
                 now = list(reply.get("tools") or []) if isinstance(reply, dict) else offered
                 added = [n for n in now if n not in offered]
                 if added:
@@ -328,7 +369,7 @@ class AgentRunner:
     def _finish(self, record: AgentEpisode, episode: Episode, task: Task, start: float
                 ) -> AgentEpisode:
         if episode.trajectory is None:
-            if record.end_reason == "generation_error" or record.end_reason == "agent_error":
+            if record.end_reason in ("generation_error", "agent_error", "user_error"):
                 episode.close()  # the model failed, not the environment: reward 0
             else:
                 t0 = time.monotonic()

@@ -37,6 +37,14 @@ composite class returns ``"Error during execution: ..."``), so a wrong call ther
 the episode. The state at the end of every turn is kept, and checks of a multi-turn task find it
 under ``final_state["__turns__"]`` (:func:`with_turns`): BFCL's checks are made turn by turn.
 
+Simulated-user episodes (``spec["user_mode"] == "simulated"``, tau-bench style): the user is a
+simulator outside the environment (the agent loop's), so ``reset`` shows no user text and
+``chat_with_user`` closes a turn without ending the episode (the host scores when the simulator
+ends the conversation). Checks find the agent's messages to the user, in order, under
+``final_state["__messages__"]`` (:data:`MESSAGES_KEY`) as ``{"turn": n, "message": text}``; in a
+jail the supervisor records them from the actions it relays, so environment code cannot forge
+them.
+
 Resource limits are enforced around this module (rlimits, wall clock, cgroups), not in it: a limit
 shows up here as an exception derived from :class:`LimitExceeded` (a ``BaseException``, so that
 environment code catching ``Exception`` cannot swallow it), which ends the episode with reward 0.
@@ -55,6 +63,8 @@ CHAT_WITH_USER = "chat_with_user"
 REWARD_DECIMALS = 4
 TURNS_KEY = "__turns__"
 """Multi-turn episodes: the key under which checks find the state at the end of every user turn."""
+MESSAGES_KEY = "__messages__"
+"""Simulated-user episodes: the key under which checks find the agent's messages to the user."""
 
 
 class LimitExceeded(BaseException):
@@ -288,6 +298,12 @@ def with_turns(final_state: dict, turn_states, num_turns: int) -> dict:
     return {**final_state, TURNS_KEY: states}
 
 
+def agent_message(turn: int, arguments) -> dict:
+    """The record of one ``chat_with_user`` action that checks see under :data:`MESSAGES_KEY`."""
+    message = arguments.get("message", "") if isinstance(arguments, dict) else ""
+    return {"turn": turn, "message": message if isinstance(message, str) else encode(message)}
+
+
 def compile_checks(task_id: str, checks) -> list:
     """Each check's code object, or the exception its compilation raised (that check then
     counts 0 with the error, as a check that raises)."""
@@ -344,6 +360,7 @@ class EpisodeCore:
         self._initial_state = None
         self._last_texts = None
         self.turn_states = []  # state (JSON) at the end of every finished user turn
+        self.agent_messages = []  # the agent's chat_with_user messages (agent_message records)
 
     # -- phases ---------------------------------------------------------------------------
     def reset(self) -> dict:
@@ -361,7 +378,9 @@ class EpisodeCore:
         spec = self.spec
         obs = {"tools": self.available_tools(turn)}
         turns = spec.get("user_turns") or []
-        if turns:
+        if spec.get("user_mode") == "simulated":
+            obs.update(role="user", content=None, turn=turn)
+        elif turns:
             text = turns[turn]
             if not text.strip() and any(t == turn for t in spec.get("withheld_tools", {}).values()):
                 text = spec.get("holdout_prompt", "")
@@ -395,7 +414,11 @@ class EpisodeCore:
         if name == CHAT_WITH_USER:
             turns = self.spec.get("user_turns") or []
             self.turn_states.append(to_jsonable(snapshot(self.instance)))
-            if turns and self.turn + 1 < len(turns):
+            self.agent_messages.append(agent_message(len(self.agent_messages), arguments))
+            if self.spec.get("user_mode") == "simulated":
+                self.turn += 1
+                out["observation"] = self._turn_observation(self.turn)
+            elif turns and self.turn + 1 < len(turns):
                 self.turn += 1
                 out["observation"] = self._turn_observation(self.turn)
             else:
@@ -460,6 +483,7 @@ class EpisodeCore:
         return {"final": encoded, "initial": self._initial_state,
                 "turn_states": self.turn_states, "end_reason": self.end_reason,
                 "error": self.error, "num_steps": self.num_steps,
+                "agent_messages": self.agent_messages,
                 # None: the same as "final" (plain JSON), not sent twice
                 "final_state": to_jsonable(final) if tagged else None}
 
@@ -481,6 +505,8 @@ def check_payload(spec: dict, payload: dict, compiled=None) -> dict:
     if not isinstance(final, dict):
         raise StateError("the final state is not a mapping")
     seen = with_turns(final, payload.get("turn_states") or [], len(spec.get("user_turns") or []))
+    if spec.get("user_mode") == "simulated":
+        seen = {**seen, MESSAGES_KEY: list(payload.get("agent_messages") or [])}
     _, results, errors = run_checks(spec["task_id"], checks, seen, decode_state(payload["initial"]),
                                     compiled)
     return {"check_results": results, "check_errors": errors}

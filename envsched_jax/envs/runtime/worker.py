@@ -285,6 +285,7 @@ class Supervisor:
         self.hello = hello
         self.child = None          # (pid, socket) of the running episode process
         self.checker = None        # (pid, socket) of its check process, compiling the checks
+        self.agent_messages = []   # the episode's chat_with_user messages, as relayed here
         self.spares: dict[str, tuple[int, socket.socket]] = {}  # forked ahead, by role
         self.spare_keys: dict[str, set[str]] = {}  # CODE_CACHE keys each spare inherited
         self.child_keys: set[str] = set()
@@ -637,7 +638,8 @@ class Supervisor:
             self.spec = spec
             key = self.compiled_class(spec, deadline)
             self.checker = self.take("checks", _serve_checks)
-            task = {k: spec.get(k) for k in ("task_id", "checks", "user_turns")}
+            task = {k: spec.get(k) for k in ("task_id", "checks", "user_turns", "user_mode")}
+            self.agent_messages = []
             self.send(self.checker, {"spec": task}, deadline, "checks")
             self.child = self.take("episode", _serve_episode)
             spec = {k: v for k, v in spec.items() if k != "checks"}  # the checker has them
@@ -657,6 +659,9 @@ class Supervisor:
             record = reply.get("record")
             if not isinstance(record, dict):
                 raise EpisodeFailed("protocol", "the episode process sent no record")
+            done = record.get("steps")
+            count = len(done) if isinstance(done, list) else 0
+            self.agent_messages = _messages_of(request["actions"][:count])
             record["score"] = self.score(reply.get("payload"), deadline)
             return {"ok": True, "record": record}
         if self.child is None:
@@ -664,6 +669,7 @@ class Supervisor:
         if op == "step":
             reply = self.ask(self.child, {"op": "step", "action": request["action"]}, deadline,
                              "episode")
+            self.agent_messages.extend(_messages_of([request["action"]], len(self.agent_messages)))
             if (not isinstance(reply.get("done"), bool) or not isinstance(reply.get("turn"), int)
                     or not isinstance(reply.get("state_change"), dict)):
                 raise EpisodeFailed("protocol", "the episode process sent a malformed step reply")
@@ -703,9 +709,10 @@ class Supervisor:
         checker, self.checker = self.checker, None
         try:
             os.kill(checker[0], signal.SIGCONT)  # in case the episode stopped it
-            checked = self.ask(checker, {"payload": {k: v for k, v in payload.items()
-                                                     if k != "final_state"}},
-                               deadline, "checks")
+            # the agent's messages as relayed here, not as the episode process reports them
+            sent = {k: v for k, v in payload.items() if k != "final_state"}
+            sent["agent_messages"] = self.agent_messages
+            checked = self.ask(checker, {"payload": sent}, deadline, "checks")
         except ProcessLookupError:
             raise EpisodeFailed("crashed", "the check process was killed during the episode") from None
         finally:
@@ -718,6 +725,16 @@ class Supervisor:
             raise EpisodeFailed("protocol", f"the check process did not return one boolean "
                                             f"per check ({len(checks)} declared)")
         return core.assemble_score(payload, {"check_results": results, "check_errors": errors})
+
+
+def _messages_of(actions, first_turn: int = 0) -> list:
+    """The agent-message records of the ``chat_with_user`` actions among ``actions`` (relayed
+    by this supervisor), numbered from ``first_turn``: the k-th message closes user turn k."""
+    out = []
+    for action in actions:
+        if isinstance(action, dict) and action.get("name") == core.CHAT_WITH_USER:
+            out.append(core.agent_message(first_turn + len(out), action.get("arguments") or {}))
+    return out
 
 
 def _validate_payload(payload) -> None:
