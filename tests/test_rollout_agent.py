@@ -18,10 +18,11 @@ from envsched_jax.learner.objectives import GRPOConfig, group_advantages
 from envsched_jax.pool.sources import load_pool
 from envsched_jax.rollout.agent import AgentConfig, AgentRunner
 from envsched_jax.rollout.backends import SamplingParams, backend_class
-from envsched_jax.rollout.backends.scripted import ScriptedBackend
+from envsched_jax.rollout.backends.scripted import ScriptedBackend, reference_responder
 from envsched_jax.rollout.batch import episodes_to_batch, group_episodes, reward_matrix
 from envsched_jax.rollout.chat import ChatRenderer, TemplateError
-from envsched_jax.rollout.tool_calls import TOOL_FORMATS, format_for_model, tool_format
+from envsched_jax.rollout.tool_calls import (TOOL_FORMATS, compact_signature, format_for_model,
+                                             tool_format)
 from sandbox_helpers import sandbox_param
 
 
@@ -51,16 +52,8 @@ def calls_text(actions) -> str:
     return "I will act now.\n<tool_call>" + json.dumps(payload) + "</tool_call>"
 
 
-def reference_script(pool, one_call_per_turn=True):
-    """A model that plays each task's reference actions (one call per turn), then answers."""
-    def respond(prompt, request):
-        task = pool.tasks[pool.task_index(task_of(request))]
-        actions = [a for a in with_turn_ends(task, task.reference_actions)]
-        turn = turn_of(request)
-        if turn < len(actions) and actions[turn].name != CHAT_WITH_USER:
-            return calls_text([actions[turn]])
-        return "Done."
-    return respond
+def reference_script(pool):
+    return reference_responder(pool, "json_list")
 
 
 def runner(tokenizer, pool, respond, workers, **config):
@@ -98,6 +91,11 @@ def test_formats_parse_their_calls_and_report_malformed_ones():
         format_for_model("gpt2")
     assert set(TOOL_FORMATS) == {"hermes", "json_list", "llama3_json"}
     assert "probe" in TOOL_FORMATS["hermes"].tools_prompt([{"name": "probe"}])
+    schema = {"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"src": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["src"]}}}
+    assert compact_signature(schema) == "move(src: string, n?: integer)"
+    assert "move(src: string" in TOOL_FORMATS["json_list"].tools_prompt([schema], compact=True)
 
 
 # -- rendering and masks --------------------------------------------------------------------------

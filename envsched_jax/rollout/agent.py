@@ -83,6 +83,8 @@ class AgentConfig:
       sampling: temperature / top-p / top-k (the paper: 0.99 / 0.99 / 100); its
         ``max_new_tokens`` is replaced by what the turn and sequence limits leave.
       tool_format: the family's tool-call format (``hermes``, ``json_list``, ``llama3_json``).
+      tool_catalog: ``full`` (the OpenAI function schemas, descriptions included) or ``compact``
+        (one ``name(arg: type)`` line per tool: for tiny models with short contexts).
       system_prompt: a format string with ``{summary}`` (the environment's summary).
       reward: ``fraction`` (passed checks / checks, the paper's) or ``all_or_nothing``
         (1 only when every check passes, as tau-bench scores).
@@ -97,6 +99,7 @@ class AgentConfig:
     max_sequence_tokens: int = 32_000
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     tool_format: str = "json_list"
+    tool_catalog: Literal["full", "compact"] = "full"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     reward: Literal["fraction", "all_or_nothing"] = "fraction"
     terminate_tools: tuple[str, ...] = ()
@@ -107,6 +110,9 @@ class AgentConfig:
         for name in ("max_turns", "max_tokens_per_turn", "max_sequence_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.tool_catalog not in ("full", "compact"):
+            raise ValueError(f"AgentConfig.tool_catalog must be 'full' or 'compact', "
+                             f"got {self.tool_catalog!r}")
         if self.reward not in ("fraction", "all_or_nothing"):
             raise ValueError(f"AgentConfig.reward must be 'fraction' or 'all_or_nothing', "
                              f"got {self.reward!r}")
@@ -185,7 +191,8 @@ class AgentRunner:
         self.pool = pool
         self.config = config or AgentConfig()
         self.format = tool_format(self.config.tool_format)
-        self.renderer = ChatRenderer(tokenizer, self.format)
+        self.renderer = ChatRenderer(tokenizer, self.format,
+                                     compact_tools=self.config.tool_catalog == "compact")
         stops = tuple(int(t) for t in stop_token_ids)
         if not stops and tokenizer.eos_token_id is not None:
             stops = (int(tokenizer.eos_token_id),)

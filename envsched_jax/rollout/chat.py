@@ -51,13 +51,16 @@ class ChatRenderer:
       tokenizer: a transformers tokenizer with a chat template.
       tool_format: how the model writes tool calls (for the catalog text, when the template
         ignores ``tools``).
+      compact_tools: write the compact catalog (signatures only) into the system prompt, even
+        when the template renders ``tools``.
     """
 
-    def __init__(self, tokenizer, tool_format: ToolFormat):
+    def __init__(self, tokenizer, tool_format: ToolFormat, *, compact_tools: bool = False):
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.tool_format = tool_format
+        self.compact_tools = compact_tools
         self._base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                       {"role": "assistant", "content": _MARK}]
         base_text = _render(tokenizer, self._base, add_generation_prompt=False)
@@ -74,6 +77,10 @@ class ChatRenderer:
         self.template_renders_tools = _render(tokenizer, self._base[:2], add_generation_prompt=True,
                                               tools=probe) != plain
 
+    @property
+    def _template_tools(self) -> bool:
+        return self.template_renders_tools and not self.compact_tools
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -84,15 +91,15 @@ class ChatRenderer:
                          tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The system and first user message, the tool catalog in the system prompt when the
         template would ignore ``tools``."""
-        if tools and not self.template_renders_tools:
-            system = f"{system}\n\n{self.tool_format.tools_prompt(tools)}" if system else \
-                self.tool_format.tools_prompt(tools)
+        if tools and not self._template_tools:
+            catalog = self.tool_format.tools_prompt(tools, compact=self.compact_tools)
+            system = f"{system}\n\n{catalog}" if system else catalog
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]],
                    tools: Sequence[Mapping[str, Any]]) -> list[int]:
         """The whole first prompt, ending with the assistant header."""
-        renders = tools if self.template_renders_tools else None
+        renders = tools if self._template_tools else None
         return self.encode(_render(self.tokenizer, messages, add_generation_prompt=True,
                                    tools=renders))
 

@@ -6,8 +6,10 @@ A format is a small object in :data:`TOOL_FORMATS` with
   and, for calls that are not well formed, a message saying what is wrong (the agent loop
   returns it to the model as the tool's observation, so a malformed call costs a turn, not the
   episode);
-- ``tools_prompt(tools) -> str``: the tool catalog written into the system prompt, for chat
-  templates that ignore the ``tools`` argument (SmolLM2's does).
+- ``tools_prompt(tools, compact=False) -> str``: the tool catalog written into the system
+  prompt, for chat templates that ignore the ``tools`` argument (SmolLM2's does), or always when
+  the compact catalog (one ``name(arg: type)`` line per tool, :func:`compact_signature`) is
+  asked for.
 
 Formats (each as its family documents it):
 
@@ -62,7 +64,7 @@ class ToolFormat(Protocol):
 
     def parse(self, text: str) -> ParsedTurn: ...
 
-    def tools_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str: ...
+    def tools_prompt(self, tools: Sequence[Mapping[str, Any]], compact: bool = False) -> str: ...
 
 
 def _snippet(text: str, limit: int = 200) -> str:
@@ -97,8 +99,21 @@ def _decode(payload: str) -> tuple[Any, str | None]:
         return None, f"invalid JSON ({err.msg} at character {err.pos}): {_snippet(payload)}"
 
 
-def _schema_lines(tools: Sequence[Mapping[str, Any]]) -> str:
+def _schema_lines(tools: Sequence[Mapping[str, Any]], compact: bool = False) -> str:
+    if compact:
+        return "\n".join(compact_signature(t) for t in tools)
     return "\n".join(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools)
+
+
+def compact_signature(tool: Mapping[str, Any]) -> str:
+    """``name(arg: type, opt?: type)`` of an OpenAI function schema: the catalog line of the
+    compact tool catalog (no descriptions), for small models with short contexts."""
+    function = tool.get("function", tool)
+    params = (function.get("parameters") or {}).get("properties") or {}
+    required = set((function.get("parameters") or {}).get("required") or ())
+    args = ", ".join(f"{name}{'' if name in required else '?'}: {spec.get('type', 'any')}"
+                     for name, spec in params.items())
+    return f"{function.get('name', '?')}({args})"
 
 
 _TAGGED = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
@@ -130,7 +145,7 @@ class TaggedFormat:
         content = _TAGGED.sub("", text).strip()
         return ParsedTurn(content, tuple(calls), tuple(errors))
 
-    def tools_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
+    def tools_prompt(self, tools: Sequence[Mapping[str, Any]], compact: bool = False) -> str:
         if self.list_payload:
             example = '<tool_call>[{"name": "tool_name", "arguments": {"arg": "value"}}]</tool_call>'
             how = "write a JSON list of calls inside one <tool_call></tool_call> tag"
@@ -138,7 +153,7 @@ class TaggedFormat:
             example = '<tool_call>\n{"name": "tool_name", "arguments": {"arg": "value"}}\n</tool_call>'
             how = "write each call as a JSON object inside its own <tool_call></tool_call> tag"
         return ("You can call the following tools. Their signatures are in <tools></tools>:\n"
-                f"<tools>\n{_schema_lines(tools)}\n</tools>\n"
+                f"<tools>\n{_schema_lines(tools, compact)}\n</tools>\n"
                 f"To call tools, {how}, for example:\n{example}\n"
                 "Tool results come back in the next message. To answer the user, write a "
                 "message without a tool call.")
@@ -167,9 +182,9 @@ class Llama3JsonFormat:
             (calls.append if isinstance(call, ToolCall) else errors.append)(call)
         return ParsedTurn("", tuple(calls), tuple(errors))
 
-    def tools_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
+    def tools_prompt(self, tools: Sequence[Mapping[str, Any]], compact: bool = False) -> str:
         return ("You have access to the following functions:\n"
-                f"{_schema_lines(tools)}\n"
+                f"{_schema_lines(tools, compact)}\n"
                 'To call a function, respond with only a JSON object of the form '
                 '{"name": function name, "parameters": {argument name: value}}. '
                 "To answer the user, respond in plain text.")

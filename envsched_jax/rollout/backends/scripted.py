@@ -59,3 +59,57 @@ class ScriptedBackend:
 
     def close(self) -> None:
         pass
+
+
+def reference_responder(pool, tool_format: str = "json_list", *, calls_per_turn: int = 1,
+                        preamble: str = "") -> Respond:
+    """A ``respond`` function that plays each task's reference actions: ``calls_per_turn`` tool
+    calls per assistant message, in the given format, and a plain answer (the reference's own
+    ``chat_with_user`` message where it has one) when the user turn's actions are done. It reads
+    the task and the turn from the request id the agent loop writes (``task#k/turnN``). Used to
+    make SFT warm-start data and to test the agent loop; tasks without reference actions get
+    an immediate answer."""
+    import json
+
+    from envsched_jax.envs.episode import with_turn_ends
+    from envsched_jax.envs.runtime.core import CHAT_WITH_USER
+
+    plans: dict[str, list[str]] = {}
+
+    def render(calls) -> str:
+        payload = [{"name": a.name, "arguments": dict(a.arguments)} for a in calls]
+        if tool_format == "json_list":
+            return f"{preamble}<tool_call>{json.dumps(payload)}</tool_call>"
+        if tool_format == "hermes":
+            return preamble + "".join(f"<tool_call>\n{json.dumps(p)}\n</tool_call>" for p in payload)
+        if tool_format == "llama3_json":
+            return "; ".join(json.dumps({"name": p["name"], "parameters": p["arguments"]})
+                             for p in payload)
+        raise ValueError(f"unknown tool-call format {tool_format!r}")
+
+    def plan(task) -> list[str]:
+        messages: list[str] = []
+        pending: list = []
+        for action in with_turn_ends(task, task.reference_actions or ()):
+            if action.name == CHAT_WITH_USER:
+                messages.extend(render(pending[i:i + calls_per_turn])
+                                for i in range(0, len(pending), calls_per_turn))
+                pending = []
+                messages.append(str(action.arguments.get("message") or "Done."))
+            else:
+                pending.append(action)
+        messages.extend(render(pending[i:i + calls_per_turn])
+                        for i in range(0, len(pending), calls_per_turn))
+        if not messages or messages[-1].startswith((preamble + "<tool_call>", "{")):
+            messages.append("Done.")
+        return messages
+
+    def respond(prompt: str, request: GenerationRequest) -> str:
+        task_id, _, rest = request.request_id.partition("#")
+        turn = int(rest.rsplit("/turn", 1)[1])
+        if task_id not in plans:
+            plans[task_id] = plan(pool.tasks[pool.task_index(task_id)])
+        messages = plans[task_id]
+        return messages[turn] if turn < len(messages) else "Done."
+
+    return respond
