@@ -33,7 +33,8 @@ def train_chat_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, min_fr
 
     Args:
       texts: the training corpus (iterated once).
-      vocab_size: the total vocabulary, the 256 byte tokens and 3 special tokens included.
+      vocab_size: the largest vocabulary (the 256 byte tokens and 3 special tokens included;
+        a small corpus may run out of merges first).
       min_frequency: a merge needs this many occurrences.
 
     Raises:

@@ -4,6 +4,7 @@
 | --- | --- | --- |
 | ``jax`` | the in-process JAX sampler: batched, KV cache, continuous over episodes | :mod:`.jax_sampler` |
 | ``openai`` | an OpenAI-compatible HTTP client (vLLM servers; :mod:`..vllm_server` starts one) | :mod:`.openai_client` |
+| ``transformers`` | transformers ``generate`` with static batching (the benchmark's baseline) | :mod:`.transformers_backend` |
 | ``scripted`` | assistant messages from a function (tests, demos) | :mod:`.scripted` |
 
 Modules are imported on first use, so choosing one backend never imports another's
@@ -21,6 +22,7 @@ from envsched_jax.rollout.backends.base import (BackendError, Completion, Genera
 BACKENDS = {
     "jax": ("envsched_jax.rollout.backends.jax_sampler", "JaxSamplerBackend"),
     "openai": ("envsched_jax.rollout.backends.openai_client", "OpenAIBackend"),
+    "transformers": ("envsched_jax.rollout.backends.transformers_backend", "TransformersBackend"),
     "scripted": ("envsched_jax.rollout.backends.scripted", "ScriptedBackend"),
 }
 

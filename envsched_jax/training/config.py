@@ -1,0 +1,172 @@
+"""Typed, nested configuration of an end-to-end training run (``experiments/train_grpo.py``).
+
+Every field has the default of the CPU recipe (a tiny Llama-architecture policy with a small
+vocabulary on the embedded pool); the paper's settings for an accelerator are one flag set away
+(see the README's training section). tyro turns the nesting into ``--pool.spec``,
+``--scheduler.name``, ``--learner.grpo-steps`` and so on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from envsched_jax.learner.objectives import GRPOConfig
+from envsched_jax.learner.optim import OptimConfig
+from envsched_jax.rollout.agent import AgentConfig
+from envsched_jax.rollout.backends.base import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSplit:
+    """Which tasks the run uses, split per environment (tasks shuffled by ``seed``).
+
+    Attributes:
+      spec: the pool (any pool spec).
+      sft_per_env: tasks per environment whose reference trajectories warm-start the policy.
+      heldout_per_env: tasks per environment kept out of training, for the held-out reward.
+      seed: the split's shuffle (the same for every scheduler and run seed, so runs compare).
+    """
+
+    spec: str = "embedded"
+    sft_per_env: int = 10
+    heldout_per_env: int = 3
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.sft_per_env < 0 or self.heldout_per_env < 0:
+            raise ValueError(f"PoolSplit: sft_per_env and heldout_per_env must be >= 0, got "
+                             f"{self.sft_per_env}, {self.heldout_per_env}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """The policy.
+
+    Attributes:
+      source: ``tiny`` (a Llama-architecture model built here with a tokenizer trained on the
+        pool's text), or any :func:`envsched_jax.learner.models.load_policy` source
+        (``smollm2``, a GGUF file, a safetensors folder).
+      vocab_size, hidden_size, layers, heads, intermediate_size: the tiny model's shape.
+      dtype: parameter dtype of the sampler copy (the trainer keeps float32 master weights).
+    """
+
+    source: str = "tiny"
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate_size: int = 384
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerSpec:
+    """Attributes:
+      name: a registered scheduler (``envsched``, ``random``, ``dps``, ...).
+      batch_size: tasks per step (B; the paper: 64).
+      group_size: rollouts per task (K; the paper: 8).
+    """
+
+    name: str = "envsched"
+    batch_size: int = 8
+    group_size: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerSpec:
+    """Attributes:
+      sft_steps: masked-SFT updates on the warm-start trajectories (0: none).
+      sft_batch_size: sequences per SFT update.
+      sft_optim: the SFT optimizer (a tiny model from scratch needs a far larger rate than the
+        paper's 1e-6 for a 7B model).
+      grpo: the GRPO objective (the paper's defaults).
+      optim: the GRPO optimizer. Its schedule's ``total_steps`` is explicit (30, the recipe's
+        ``--steps``), not tied to ``--steps``, so a run resumed with more steps keeps its
+        schedule; set both together for a longer run.
+      micro_batch_size: gradient-accumulation micro-batch (None: the whole batch).
+      max_length: sequences are cut to this many tokens in the learner's batch.
+      pad_multiple: batches are padded to a multiple of this (fewer compilations).
+      mask_infrastructure_failures: episodes that failed for reasons that are not the policy's
+        (a sandbox crash, a backend error, a user-simulator failure) are kept in their group's
+        reward (0) for the scheduler but contribute no tokens to the loss.
+      sft_cache: a folder for the warm-started policy (safetensors, config, tokenizer): written
+        after the warm start, and read instead of warm-starting when it exists, so runs that
+        differ only in the scheduler start from the very same policy.
+    """
+
+    sft_steps: int = 300
+    sft_batch_size: int = 16
+    sft_optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
+        learning_rate=2e-3, warmup_steps=20, total_steps=300, end_learning_rate=2e-4))
+    grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
+        learning_rate=1e-4, warmup_steps=2, total_steps=30))
+    micro_batch_size: int | None = None
+    max_length: int = 2048
+    pad_multiple: int = 128
+    mask_infrastructure_failures: bool = True
+    sft_cache: Path | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """Attributes:
+      backend: ``jax`` (the in-process sampler, the learner's weights shared in memory) or
+        ``openai`` (a vLLM server this run starts; weights synced by export).
+      sandbox: where the environments run (``bwrap``, ``docker``, or ``inprocess`` for the
+        project's own trusted environments).
+      workers: sandbox workers (episodes holding an environment at once).
+      max_batch: the sampler's concurrent sequences.
+      max_context: the sampler's longest sequence.
+      agent: the agent loop's limits and sampling (the paper's by default, except the token
+        limits, sized here for the tiny CPU policy).
+      eval_sampling: held-out evaluation's sampling (greedy by default).
+    """
+
+    backend: Literal["jax", "openai"] = "jax"
+    sandbox: Literal["bwrap", "docker", "inprocess"] = "bwrap"
+    workers: int = 16
+    max_batch: int = 32
+    max_context: int = 2048
+    agent: AgentConfig = dataclasses.field(default_factory=lambda: AgentConfig(
+        max_turns=12, max_tokens_per_turn=128, max_sequence_tokens=2048,
+        tool_catalog="compact", episode_timeout_s=600.0))
+    eval_sampling: SamplingParams = dataclasses.field(
+        default_factory=lambda: SamplingParams(greedy=True, max_new_tokens=128))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A whole run.
+
+    Attributes:
+      steps: GRPO steps (select -> rollouts -> observe -> update).
+      seed: the run's seed (model initialisation, sampling, the scheduler's randomness).
+      out: the run folder (metrics, curves, checkpoints, tokenizer).
+      checkpoint_every: steps between checkpoints (and at the end).
+      eval_every: steps between held-out evaluations (and before the first step, and at the
+        end); 0 disables them.
+      resume: continue from the newest checkpoint in ``out`` if there is one.
+    """
+
+    pool: PoolSplit = dataclasses.field(default_factory=PoolSplit)
+    policy: PolicySpec = dataclasses.field(default_factory=PolicySpec)
+    scheduler: SchedulerSpec = dataclasses.field(default_factory=SchedulerSpec)
+    learner: LearnerSpec = dataclasses.field(default_factory=LearnerSpec)
+    rollout: RolloutSpec = dataclasses.field(default_factory=RolloutSpec)
+    steps: int = 30
+    seed: int = 0
+    out: Path = Path("runs/train_grpo")
+    checkpoint_every: int = 10
+    eval_every: int = 5
+    resume: bool = True
+
+    def __post_init__(self):
+        if self.steps < 0:
+            raise ValueError(f"TrainConfig.steps must be >= 0, got {self.steps}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"TrainConfig.checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.eval_every < 0:
+            raise ValueError(f"TrainConfig.eval_every must be >= 0, got {self.eval_every}")

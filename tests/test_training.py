@@ -1,0 +1,132 @@
+"""End-to-end training: the pool split, the small tokenizer, metrics, and a tiny real run
+(select -> rollouts with the JAX sampler in sandboxed environments -> observe -> GRPO -> sync ->
+evaluate -> checkpoint) that resumes exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envsched_jax.learner.chat_tokenizer import train_chat_tokenizer
+from envsched_jax.pool.sources import load_pool
+from envsched_jax.training.config import (LearnerSpec, PolicySpec, PoolSplit, RolloutSpec,
+                                          SchedulerSpec, TrainConfig)
+from envsched_jax.training.loop import split_pool
+from envsched_jax.training.metrics import MetricsLog, plot_curves, read_metrics
+
+
+def test_split_is_disjoint_per_environment_and_seeded():
+    pool = load_pool("embedded")
+    split = split_pool(pool, 10, 3, seed=0)
+    ids = split.ids()
+    assert len(ids["sft"]) == 80 and len(ids["heldout"]) == 24
+    assert len(ids["train"]) == len(pool.tasks) - 104
+    everything = ids["sft"] + ids["heldout"] + ids["train"]
+    assert sorted(everything) == sorted(t.task_id for t in pool.tasks)
+    assert all(t.reference_actions for t in split.sft.tasks)
+    for env in pool.environments:
+        assert sum(t.env_id == env.env_id for t in split.sft.tasks) == 10
+    assert split_pool(pool, 10, 3, seed=0).ids() == ids
+    assert split_pool(pool, 10, 3, seed=1).ids() != ids
+    with pytest.raises(ValueError, match="no task left for GRPO"):
+        split_pool(pool, 20, 10, seed=0)
+
+
+def test_chat_tokenizer_round_trips_and_renders_chatml():
+    texts = ["<|im_start|>user\nmove the file<|im_end|>\n", '{"name": "mv", "arguments": {}}'] * 20
+    tok = train_chat_tokenizer(texts, vocab_size=300)
+    assert 259 < len(tok) <= 300  # at most: a small corpus runs out of merges
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert len(tok(special, add_special_tokens=False)["input_ids"]) == 1
+    odd = "d\u00e9j\u00e0 vu \u2603 \x00 tab\t"
+    assert tok.decode(tok(odd, add_special_tokens=False)["input_ids"]) == odd
+    rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                       add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    with pytest.raises(ValueError, match="vocab_size must be >= 259"):
+        train_chat_tokenizer(texts, vocab_size=100)
+
+
+def test_metrics_log_keeps_the_latest_record_per_step_and_plots(tmp_path):
+    with MetricsLog(tmp_path / "a") as log:
+        log.log("step", 1, {"mean_reward": 0.1, "environments": 3, "group_variance": 0.01})
+        log.log("step", 2, {"mean_reward": 0.2, "environments": 4, "group_variance": 0.02})
+        log.log("step", 2, {"mean_reward": 0.3, "environments": 4, "group_variance": 0.02})
+        log.log("eval", 2, {"heldout_reward": 0.5, "end_reasons": {"answered": 3}})
+    rows = read_metrics(tmp_path / "a" / "metrics.jsonl", "step")
+    assert [r["mean_reward"] for r in rows] == [0.1, 0.3]
+    assert any((tmp_path / "a" / "tb").iterdir())  # TensorBoard event file
+    png = plot_curves({"a": tmp_path / "a" / "metrics.jsonl"}, tmp_path / "c.png")
+    assert png.stat().st_size > 1000
+    (tmp_path / "bad.jsonl").write_text('{"kind": "step", "step": 1}\n{oops\n')
+    with pytest.raises(ValueError, match="bad.jsonl, line 2: invalid JSON"):
+        read_metrics(tmp_path / "bad.jsonl")
+
+
+def tiny_config(out: Path, steps: int, scheduler: str = "envsched", sandbox: str = "inprocess",
+                **kw) -> TrainConfig:
+    return TrainConfig(
+        pool=PoolSplit(sft_per_env=2, heldout_per_env=1),
+        policy=PolicySpec(vocab_size=320, hidden_size=32, layers=1, heads=2, intermediate_size=64),
+        scheduler=SchedulerSpec(name=scheduler, batch_size=4, group_size=2),
+        learner=LearnerSpec(sft_steps=3, sft_batch_size=4, max_length=1024, pad_multiple=256),
+        rollout=RolloutSpec(sandbox=sandbox, workers=4, max_batch=8, max_context=2048),
+        steps=steps, out=out, checkpoint_every=1, eval_every=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    pytest.importorskip("tensorboardX", reason="the metrics log writes TensorBoard files")
+    root = tmp_path_factory.mktemp("train")
+    from envsched_jax.training.loop import train
+
+    summary = train(tiny_config(root / "full", steps=3), progress=lambda *_: None)
+    return root, summary
+
+
+def test_tiny_run_writes_everything(tiny_run):
+    root, summary = tiny_run
+    out = root / "full"
+    steps = read_metrics(out / "metrics.jsonl", "step")
+    evals = read_metrics(out / "metrics.jsonl", "eval")
+    assert [s["step"] for s in steps] == [1, 2, 3] and [e["step"] for e in evals] == [0, 2, 3]
+    for s in steps:
+        assert 0.0 <= s["mean_reward"] <= 1.0 and s["environments"] >= 1
+        assert s["sampled_tokens"] > 0 and np.isfinite(s["learner_loss"])
+        assert s["rollout_seconds"] > 0 and s["learner_seconds"] > 0
+        assert sum(s["end_reasons"].values()) == 4 * 2
+    assert len(read_metrics(out / "metrics.jsonl", "sft")) == 3
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_00000001", "step_00000002", "step_00000003"]
+    assert (out / "curves.png").stat().st_size > 1000 and (out / "tokenizer" / "tokenizer.json").exists()
+    assert summary["steps"] == 3 and json.loads((out / "summary.json").read_text())["steps"] == 3
+
+
+def test_resumed_run_continues_exactly(tiny_run):
+    """A run killed after its step-2 checkpoint, started again, redoes step 3 exactly as the
+    uninterrupted run did (scheduler, learner, sampler seeds and all)."""
+    import shutil
+
+    root, _ = tiny_run
+    from envsched_jax.training.loop import train
+
+    shutil.copytree(root / "full", root / "killed")
+    shutil.rmtree(root / "killed" / "checkpoints" / "step_00000003")
+    lines = (root / "killed" / "metrics.jsonl").read_text().splitlines()
+    kept = [ln for ln in lines if json.loads(ln)["step"] < 3 or json.loads(ln)["kind"] == "sft"]
+    (root / "killed" / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    train(tiny_config(root / "killed", steps=3), progress=lambda *_: None)
+    full = read_metrics(root / "full" / "metrics.jsonl", "step")
+    resumed = read_metrics(root / "killed" / "metrics.jsonl", "step")
+    keys = ("mean_reward", "group_variance", "sampled_tokens", "learner_loss", "learner_grad_norm")
+    assert len(resumed) == 3
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in full]
+    assert read_metrics(root / "killed" / "metrics.jsonl", "eval")[-1]["heldout_reward"] == \
+        read_metrics(root / "full" / "metrics.jsonl", "eval")[-1]["heldout_reward"]
+    # a run folder holding another run is refused
+    with pytest.raises(ValueError, match=r"holds another run \(differs in \['config.scheduler.name'\]"):
+        train(tiny_config(root / "killed", steps=3, scheduler="random"), progress=lambda *_: None)
