@@ -254,6 +254,26 @@ def test_wall_clock_limit(tokenizer, embedded, workers):
     assert "timeout of 1 s" in ep.error
 
 
+def test_step_deadline_cuts_slow_episodes_and_keeps_the_fast_ones(tokenizer, embedded, workers):
+    import time
+
+    task = first_task(embedded)
+    loop_call = '<tool_call>[{"name": "no_such_tool", "arguments": {}}]</tool_call>'
+
+    def respond(prompt, request):
+        if request.request_id.split("#")[1].startswith("1/"):
+            time.sleep(0.3)  # rollout 1 is slow and never stops calling tools
+            return loop_call
+        return "Done."
+
+    agent, _ = runner(tokenizer, embedded, respond, workers)
+    start = time.monotonic()
+    fast, slow = agent.run([(task, 0, 0), (task, 1, 0)], deadline_s=1.5)
+    assert time.monotonic() - start < 5.0
+    assert (fast.end_reason, slow.end_reason) == ("answered", "step_deadline")
+    assert slow.num_turns >= 2 and slow.trajectory is not None and slow.error is None
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         AgentConfig(max_turns=0)

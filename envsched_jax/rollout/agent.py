@@ -32,6 +32,8 @@ conversation), ``user_error`` (the simulator failed: reward 0), ``agent_error`` 
 loop or the chat template, named: reward 0), ``env_done`` (the environment ended it after a tool
 call: its own step limit, a tool error, the last turn), ``terminate_tool``, ``max_turns``,
 ``max_sequence_tokens`` (the next turn would not fit; the episode is scored as it stands),
+``step_deadline`` (the step's rollout budget ran out, :meth:`AgentRunner.run`'s ``deadline_s``:
+scored as it stands, so a step's slowest episodes cannot hold up the step and groups stay whole),
 ``generation_error`` (the backend failed a request: reward 0, the error kept), ``wall_clock``
 (the episode's time ran out), or ``sandbox_<kind>`` (the sandbox failed: reward 0). An episode
 cut by a limit is scored on the state it reached (CHOICE: the paper is silent; EnvScaler's runner
@@ -202,9 +204,12 @@ class AgentRunner:
         self._closing_reserve = len(self.renderer.encode(self.renderer.assistant_suffix))
 
     # -- one episode ------------------------------------------------------------------------
-    def run_episode(self, task: Task, rollout_index: int = 0, seed: int = 0) -> AgentEpisode:
+    def run_episode(self, task: Task, rollout_index: int = 0, seed: int = 0, *,
+                    deadline: float | None = None) -> AgentEpisode:
         """Run one episode; always returns (every failure is an end reason with reward 0 or the
-        score of the state reached)."""
+        score of the state reached). ``deadline`` (``time.monotonic()`` value): no generation
+        waits past it; an episode still acting then ends as ``step_deadline`` and is scored on
+        the state it reached."""
         env = self.pool.environment(task.env_id)
         start = time.monotonic()
         transcript = Transcript()
@@ -239,7 +244,7 @@ class AgentRunner:
         transcript.add_context(self.renderer.prompt_ids(messages, tools))
         terminate = set(self.config.terminate_tools) | set(task.metadata.get("terminate_tools", ()))
         try:
-            self._loop(record, episode, env, task, seed, offered, terminate, session)
+            self._loop(record, episode, env, task, seed, offered, terminate, session, deadline)
         except Exception as err:  # a bug or a template problem: name it, never lose the episode
             record.end_reason = record.end_reason or "agent_error"
             record.error = f"{type(err).__name__}: {err}"
@@ -248,7 +253,7 @@ class AgentRunner:
 
     def _loop(self, record: AgentEpisode, episode: Episode, env: Environment, task: Task,
               seed: int, offered: list[str], terminate: set[str],
-              session: UserSession | None) -> None:
+              session: UserSession | None, deadline: float | None = None) -> None:
         cfg = self.config
         transcript = record.transcript
         while True:
@@ -268,10 +273,18 @@ class AgentRunner:
                 record.end_reason = "wall_clock"
                 record.error = f"episode timeout of {cfg.episode_timeout_s:g} s exceeded"
                 return
+            step_left = float("inf") if deadline is None else deadline - time.monotonic()
+            if step_left <= 0:
+                record.end_reason = "step_deadline"
+                return
             completion = self._generate(transcript, record, task, seed,
                                         min(cfg.max_tokens_per_turn, room),
-                                        min(remaining, cfg.generation_timeout_s))
+                                        min(remaining, cfg.generation_timeout_s, step_left))
             record.num_turns += 1
+            if completion.finish_reason == "error" and deadline is not None \
+                    and time.monotonic() >= deadline:
+                record.end_reason = "step_deadline"  # the generation was cut by the deadline
+                return
             if completion.finish_reason == "error":
                 transcript.add_sampled(completion.token_ids, completion.logprobs)
                 record.end_reason = "generation_error"
@@ -401,10 +414,14 @@ class AgentRunner:
         return record
 
     # -- many episodes ------------------------------------------------------------------------
-    def run(self, jobs: Sequence[tuple[Task, int, int]], max_in_flight: int | None = None
-            ) -> list[AgentEpisode]:
+    def run(self, jobs: Sequence[tuple[Task, int, int]], max_in_flight: int | None = None,
+            *, deadline_s: float | None = None) -> list[AgentEpisode]:
         """Run ``(task, rollout_index, seed)`` jobs concurrently (``max_in_flight`` threads, by
-        default the sandbox's worker count); results in job order."""
+        default the sandbox's worker count); results in job order. ``deadline_s``: a step's
+        budget from now; episodes still acting when it passes end as ``step_deadline`` (scored
+        on the state reached, so every group stays whole), and jobs not yet started then run
+        no turn."""
         threads = max_in_flight or self.workers.size
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
         with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as executor:
-            return list(executor.map(lambda job: self.run_episode(*job), jobs))
+            return list(executor.map(lambda job: self.run_episode(*job, deadline=deadline), jobs))

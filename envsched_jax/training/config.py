@@ -122,6 +122,10 @@ class RolloutSpec:
       max_context: the sampler's longest sequence.
       agent: the agent loop's limits and sampling (the paper's by default, except the token
         limits, sized here for the tiny CPU policy).
+      step_deadline_s: the rollout phase's budget per step; episodes still acting then end as
+        ``step_deadline`` and are scored on the state they reached (groups stay whole, so the
+        scheduler and the advantages see every rollout). None: wait for every episode (each
+        bounded by its own ``episode_timeout_s``).
       eval_sampling: held-out evaluation's sampling (greedy by default).
     """
 
@@ -133,6 +137,7 @@ class RolloutSpec:
     agent: AgentConfig = dataclasses.field(default_factory=lambda: AgentConfig(
         max_turns=12, max_tokens_per_turn=128, max_sequence_tokens=2048,
         tool_catalog="compact", episode_timeout_s=600.0))
+    step_deadline_s: float | None = None
     eval_sampling: SamplingParams = dataclasses.field(
         default_factory=lambda: SamplingParams(greedy=True, max_new_tokens=128))
 

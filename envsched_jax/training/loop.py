@@ -301,7 +301,8 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
             jobs = [(task, k, cfg.seed * 1_000_003 + t * B * K + i * K + k)
                     for i, task in enumerate(tasks) for k in range(K)]
             t0 = time.perf_counter()
-            episodes = agent.run(jobs, max_in_flight=in_flight)
+            episodes = agent.run(jobs, max_in_flight=in_flight,
+                                 deadline_s=cfg.rollout.step_deadline_s)
             rollout_s = time.perf_counter() - t0
             groups = group_episodes(episodes, ids, K)
             rewards = reward_matrix(groups)

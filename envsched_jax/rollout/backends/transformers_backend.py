@@ -48,6 +48,9 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self._torch.float32)
+        # Only a request's own stop tokens end it (as in the other backends), never the
+        # checkpoint's generation config.
+        model.generation_config.eos_token_id = None
         self.model = model.to(self.device).eval()
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Completion]:
@@ -107,7 +110,7 @@ class TransformersBackend:
                       return_dict_in_generate=True, pad_token_id=self.pad_token_id,
                       eos_token_id=list(first.stop_token_ids) or None)
         if not s.greedy:
-            kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+            kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)  # 0: all
         torch.manual_seed(first.seed)
         with torch.no_grad():
             out = self.model.generate(input_ids=ids.to(self.device),
