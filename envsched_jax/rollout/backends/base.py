@@ -19,7 +19,14 @@ many episodes (one thread each in the agent loop) can have requests in flight to
 batches what is pending (continuous batching). ``generate`` is the blocking convenience.
 A backend that fails a request sets the future's result to a ``Completion`` with
 ``finish_reason="error"`` and a message; it never leaves a future unresolved, and never raises
-from ``submit`` except for a request that is invalid in itself (:class:`RequestError`).
+from ``submit`` except for a request that is invalid in itself (:class:`RequestError`). A prompt
+that leaves no room under the backend's ``max_context`` is such a failure (an error completion
+naming the limit), since the limit belongs to the backend, not the request.
+
+Seeds. Requests with the same prompt, sampling and seed may give the same tokens (the JAX sampler
+guarantees it): the agent loop derives a distinct seed per episode and turn. A caller building its
+own requests must do the same, or a group of K rollouts samples K identical answers (zero
+advantage), the pitfall ``shared/design/stack.md`` notes for tunix's sampler.
 """
 
 from __future__ import annotations
@@ -147,7 +154,9 @@ class GenerationBackend(Protocol):
     def update_weights(self, params_dir: str) -> float:
         """Serve the weights of the safetensors folder ``params_dir`` (an
         :func:`envsched_jax.learner.export.export_model` output) from now on; requests submitted
-        before the call finish on the old weights. Returns the seconds it took."""
+        before the call finish on the old weights. Returns the seconds it took. Raises
+        ``ValueError`` for a folder that is not such an export and :class:`BackendError` when the
+        backend cannot serve the new weights."""
         ...
 
     def close(self) -> None:
