@@ -49,7 +49,7 @@ def prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
 
 
 def test_registry_names_every_backend():
-    assert set(BACKENDS) == {"jax", "openai", "transformers", "scripted"}
+    assert set(BACKENDS) == {"jax", "openai", "transformers", "scripted", "ray"}
 
 
 def test_greedy_completions_agree_across_backends_and_with_the_learner(backend, policy_dir):

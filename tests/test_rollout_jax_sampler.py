@@ -2,7 +2,9 @@
 sampling frequencies, greedy parity with ``models.generate`` for concurrent multi-turn episodes
 arriving while others decode, raw log-probs against the trainer's, seeded reproducibility
 whatever the batch, stop tokens and limits, engine failure and close, weight updates (safetensors
-folder and in-memory trainer state), the compilation bound, jax_enable_x64 and bfloat16."""
+folder and in-memory trainer state), the compilation bound, jax_enable_x64 and bfloat16, and
+the prefix cache (multi-turn conversations served as by a cold prefill, evictions, prefixes
+shared between conversations, invalidation by weight updates, its compilation bound)."""
 
 from __future__ import annotations
 
@@ -452,10 +454,13 @@ def test_weight_updates_from_the_trainer_and_from_a_folder(llama, backend_of, tm
 
 def test_compilations_are_bounded_by_the_buckets(llama, backend_of):
     """Many prompt lengths and sampling settings compile one prefill per bucket used and one
-    decode per window used, and nothing more on a second pass. (A geometry no other test uses,
-    so the first pass compiles for real.)"""
+    decode per window used, and nothing more on a second pass; then conversations of many
+    lengths (suffixes of 1 to 16 tokens on 4 to 27 cached ones) extend with at most one program
+    per (suffix bucket, window) pair. (A geometry no other test uses, so the first pass compiles
+    for real.)"""
     buckets = (8, 16)
-    backend = backend_of(llama, max_batch=3, max_context=32, prefill_buckets=buckets)
+    backend = backend_of(llama, max_batch=3, max_context=32, prefill_buckets=buckets,
+                         prefix_min_match=4)
     before = backend.num_compilations()
     rng = np.random.default_rng(10)
 
@@ -480,6 +485,28 @@ def test_compilations_are_bounded_by_the_buckets(llama, backend_of):
     assert 1 <= first["decode"] - before["decode"] <= len(buckets) + 1
     serve()
     assert backend.num_compilations() == first
+    assert backend.stats().get("prefix_hits", 0) == 0  # random prompts share no prefix
+
+    def converse_randomly():
+        prompts = [random_prompt(rng, int(n)) for n in rng.integers(4, 9, 3)]
+        hits = backend.stats().get("prefix_hits", 0)
+        while prompts:
+            requests = [GenerationRequest(p, greedy(int(rng.integers(1, 5)))) for p in prompts]
+            outs = generate(backend, requests, timeout=TIMEOUT)
+            prompts = [p + o.token_ids + random_prompt(rng, int(rng.integers(1, 13)))
+                       for p, o in zip(prompts, outs)]
+            prompts = [p for p in prompts if len(p) < 28]
+        assert backend.stats()["prefix_hits"] - hits >= 3
+
+    for _ in range(4):
+        converse_randomly()
+    compiled = {name: count - before[name]
+                for name, count in backend.num_compilations().items()}
+    # suffix bucket 8 with a window of 16 or 32, 16 with 32 (with >= 4 tokens reused, a suffix
+    # of 16 or more cannot fit a window)
+    assert 2 <= compiled["extend"] <= 3
+    assert compiled["prefill"] == len(buckets) + 1
+    assert compiled["decode"] <= len(buckets) + 1
 
 
 def test_runs_under_jax_enable_x64(llama):
@@ -511,6 +538,131 @@ def test_bfloat16_serves(name, backend_of):
         max_new_tokens=6), seed=n) for n in (3, 20)], timeout=TIMEOUT)
     assert all(o.finish_reason == "length" and len(o.token_ids) == 6 for o in outs)
     assert all(np.isfinite(o.logprobs).all() and max(o.logprobs) <= 0 for o in outs)
+
+
+# -- the prefix cache ----------------------------------------------------------------------------
+
+
+def converse(backend, starts, turns, rng, sampling_of, between=None):
+    """Conversations in lockstep rounds: round r submits every conversation's turn r together (in
+    reverse order on odd rounds), each prompt the previous prompt, its completion and a new
+    4-token observation, as the agent loop sends them. ``between(r)`` runs after round r.
+    Returns [(prompt, completion)] round-major."""
+    observations = [[random_prompt(rng, 4) for _ in starts] for _ in range(turns)]
+    prompts = list(starts)
+    pairs = []
+    for r in range(turns):
+        order = list(range(len(prompts)))[::(-1 if r % 2 else 1)]
+        requests = [GenerationRequest(prompts[i], sampling_of(i), seed=100 * r + i,
+                                      request_id=f"c{i}/t{r}") for i in order]
+        outs = dict(zip(order, generate(backend, requests, timeout=TIMEOUT)))
+        assert all(c.error is None for c in outs.values()), outs
+        pairs += [(prompts[i], outs[i]) for i in range(len(prompts))]
+        prompts = [p + outs[i].token_ids + observations[r][i] for i, p in enumerate(prompts)]
+        if between is not None:
+            between(r)
+    return pairs
+
+
+def assert_same_completions(cached_pairs, cold_pairs):
+    assert [p for p, _ in cached_pairs] == [p for p, _ in cold_pairs]
+    for (_, hot), (_, cold) in zip(cached_pairs, cold_pairs):
+        assert hot.token_ids == cold.token_ids and hot.finish_reason == cold.finish_reason
+        np.testing.assert_allclose(hot.logprobs, cold.logprobs, atol=1e-5)
+
+
+def test_prefix_cache_serves_multi_turn_conversations_as_a_cold_prefill(policy, backend_of):
+    """Five conversations over four slots (parked entries evicted), four turns each, greedy and
+    seeded sampling; between rounds a short request decodes alone in a small window while the
+    conversations' longer caches sit parked (they must come through untouched), and the last
+    turn's padded suffix would overrun max_context (fewer cached tokens are reused). Every token
+    equals a cache-less backend's, log-probs within 1e-5; hits are recorded and the tokens not
+    prefilled are exactly the ones reused."""
+    sampled = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS)
+
+    def sampling_of(i):
+        return greedy() if i % 2 == 0 else sampled
+
+    def serve(backend):
+        rng = np.random.default_rng(13)
+        starts = [random_prompt(rng, 18) for _ in range(5)]
+        shorts = []
+
+        def between(r):
+            shorts.append(backend.submit(GenerationRequest((5, 6, 7), greedy())).result(TIMEOUT))
+
+        return converse(backend, starts, 4, rng, sampling_of, between), shorts
+
+    cached = backend_of(policy)
+    cold = backend_of(policy, prefix_cache=False)
+    cached_pairs, cached_shorts = serve(cached)
+    cold_pairs, cold_shorts = serve(cold)
+    assert_same_completions(cached_pairs, cold_pairs)
+    assert [c.token_ids for c in cached_shorts] == [c.token_ids for c in cold_shorts]
+    assert max(len(p) + len(c.token_ids) for p, c in cold_pairs) == 62  # near max_context 64
+    hot, plain = cached.stats(), cold.stats()
+    assert "prefix_hits" not in plain and plain["prefills"] == plain["requests"]
+    # (how many hit depends on how admissions interleave with the finishing requests)
+    assert hot["prefix_hits"] >= 1 and hot["prefix_evictions"] >= 1
+    assert hot["prefix_hits"] + hot["prefills"] == hot["requests"] == plain["requests"]
+    assert hot["prefill_tokens"] + hot["prefix_tokens_reused"] == plain["prefill_tokens"]
+    assert hot["prefill_tokens"] < plain["prefill_tokens"]
+
+
+def test_prefix_cache_shares_a_common_prefix_between_conversations(llama, backend_of):
+    """A conversation that shares only a system prompt with a parked one copies that prefix into
+    its own slot (the parked entry survives: the first conversation's next turn still hits in
+    place), and a group of identical prompts submitted together (a GRPO group) forks from the
+    first one while it runs; each completion equals a cache-less backend's."""
+    sampled = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, max_new_tokens=NEW_TOKENS)
+
+    def serve(backend):
+        rng = np.random.default_rng(14)
+        system = random_prompt(rng, 24)
+        a1 = system + random_prompt(rng, 4)
+        b1 = system + random_prompt(rng, 5)
+        outs = [backend.submit(GenerationRequest(a1, sampled, seed=1)).result(TIMEOUT)]
+        outs.append(backend.submit(GenerationRequest(b1, sampled, seed=2)).result(TIMEOUT))
+        a2 = a1 + outs[0].token_ids + random_prompt(rng, 3)
+        outs.append(backend.submit(GenerationRequest(a2, sampled, seed=3)).result(TIMEOUT))
+        group = system + random_prompt(rng, 6)
+        outs += generate(backend, [GenerationRequest(group, sampled, seed=10 + g)
+                                   for g in range(3)], timeout=TIMEOUT)
+        return outs
+
+    cached = backend_of(llama)
+    cold = backend_of(llama, prefix_cache=False)
+    hot_outs, cold_outs = serve(cached), serve(cold)
+    for hot, plain in zip(hot_outs, cold_outs):
+        assert hot.token_ids == plain.token_ids
+        np.testing.assert_allclose(hot.logprobs, plain.logprobs, atol=1e-5)
+    assert len({c.token_ids for c in hot_outs[3:]}) > 1  # the group's seeds differ
+    counters = cached.stats()
+    # b1 forks from a1; a2 extends a1's slot in place; the group's first forks from a parked
+    # slot, the other two from it while it runs
+    assert counters["prefix_hits"] == 5 and counters["prefix_forks"] == 4
+    assert counters["prefills"] == 1
+
+
+def test_weight_updates_invalidate_the_prefix_cache(llama, backend_of):
+    """Cached keys and values belong to the weights that computed them: after a swap the next
+    turn prefills cold on the new weights, and the turn after it hits again."""
+    backend = backend_of(llama)
+    other = models.load_policy("tiny_llama", seed=1)
+    rng = np.random.default_rng(15)
+    prompt = random_prompt(rng, 20)
+    first = backend.submit(GenerationRequest(prompt, greedy())).result(TIMEOUT)
+    _, other_params, _ = nnx.split(other.model, nnx.Param, ...)
+    backend.set_params(other_params, wait=True)
+    follow = prompt + first.token_ids + random_prompt(rng, 4)
+    second = backend.submit(GenerationRequest(follow, greedy())).result(TIMEOUT)
+    counters = backend.stats()
+    assert counters.get("prefix_hits", 0) == 0 and counters["prefix_invalidations"] == 1
+    third_prompt = follow + second.token_ids + random_prompt(rng, 4)
+    third = backend.submit(GenerationRequest(third_prompt, greedy())).result(TIMEOUT)
+    assert backend.stats()["prefix_hits"] == 1
+    assert [list(second.token_ids), list(third.token_ids)] == reference_greedy(
+        other, [follow, third_prompt])
 
 
 # -- SmolLM2 -------------------------------------------------------------------------------------

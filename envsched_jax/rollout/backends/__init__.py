@@ -6,6 +6,7 @@
 | ``openai`` | an OpenAI-compatible HTTP client (vLLM servers; :mod:`..vllm_server` starts one) | :mod:`.openai_client` |
 | ``transformers`` | transformers ``generate`` with static batching (the benchmark's baseline) | :mod:`.transformers_backend` |
 | ``scripted`` | assistant messages from a function (tests, demos) | :mod:`.scripted` |
+| ``ray`` | Ray actors on a cluster, each hosting one of the above; sticky per episode | :mod:`..distributed` |
 
 Modules are imported on first use, so choosing one backend never imports another's
 dependencies.
@@ -24,6 +25,7 @@ BACKENDS = {
     "openai": ("envsched_jax.rollout.backends.openai_client", "OpenAIBackend"),
     "transformers": ("envsched_jax.rollout.backends.transformers_backend", "TransformersBackend"),
     "scripted": ("envsched_jax.rollout.backends.scripted", "ScriptedBackend"),
+    "ray": ("envsched_jax.rollout.distributed", "RayGenerationBackend"),
 }
 
 
