@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from envsched_jax.training.config import SchedulerSpec, TrainConfig
+from envsched_jax.training.config import TrainConfig
 from envsched_jax.training.loop import train
 from envsched_jax.training.metrics import read_metrics
 

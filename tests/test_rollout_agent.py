@@ -10,7 +10,6 @@ import re
 import numpy as np
 import pytest
 
-from envsched_jax.envs.episode import with_turn_ends
 from envsched_jax.envs.inprocess import run_episode as inprocess_episode
 from envsched_jax.envs.runtime.core import CHAT_WITH_USER
 from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool

@@ -43,7 +43,7 @@ from envsched_jax.learner.checkpoint import restore_checkpoint, save_checkpoint
 from envsched_jax.learner.trainer import Trainer, TrainerConfig
 from envsched_jax.pool.model import Pool
 from envsched_jax.pool.sources import load_pool
-from envsched_jax.rollout.agent import AgentConfig, AgentEpisode, AgentRunner
+from envsched_jax.rollout.agent import AgentEpisode, AgentRunner
 from envsched_jax.rollout.batch import episodes_to_batch, group_episodes, reward_matrix
 from envsched_jax.sched import EnvSchedConfig, make_scheduler
 from envsched_jax.training import warm_start
