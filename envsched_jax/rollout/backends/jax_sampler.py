@@ -81,7 +81,8 @@ lockstep round-robin with more conversations than slots (each turn evicts the en
 one run of the test with 5 conversations on 4 slots hit 6 of 15 times); an extend pads its
 suffix to a bucket (the default smallest is 32: a 9-token suffix runs 32 tokens).
 
-Measured (a 2-core CPU shared with other work, so +-30%): 16 conversations x 6 turns, one
+Measured once with an ad-hoc script that is not in the repository (a 2-core CPU shared with
+other work, so +-30%; to be replaced by `experiments/bench_rollouts.py` figures): 16 conversations x 6 turns, one
 thread each as the agent loop, 400-token first prompts growing by 32 sampled + 8 observation
 tokens a turn to 600, 16 slots, ``max_context`` 1024, a 4-layer d=128 Llama with vocabulary 1024
 (``models.make_model``), default buckets and sampling, after a warm-up pass: without the cache
