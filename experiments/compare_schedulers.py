@@ -39,6 +39,12 @@ class Args:
     base: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     """Everything else of each run (``--base.learner.sft-steps``, ``--base.rollout.sandbox``...)."""
     out: Path = Path("runs/compare_schedulers")
+    shared_warm_start: bool = False
+    """False: each seed warm-starts its own policy (the seed-to-seed spread includes the warm
+    start). True: the first run's warm start (made with the first seed) is shared by every seed
+    and scheduler, so the seeds vary only the GRPO phase (sampling, the scheduler's randomness);
+    cheaper on a CPU. Either way every scheduler of a seed starts from the same policy, and the
+    step-0 held-out evaluation (greedy) is computed once per warm start and shared."""
 
 
 STATS = ("group_variance", "environments", "informative_groups", "mean_reward")
@@ -67,7 +73,8 @@ def main(args: Args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     folders: dict[str, list[Path]] = {name: [] for name in args.schedulers}
     for seed in args.seeds:
-        cache = args.out / f"warm_start_s{seed}"
+        cache = args.out / ("warm_start_shared" if args.shared_warm_start
+                            else f"warm_start_s{seed}")
         for name in args.schedulers:
             folder = args.out / f"{name}_s{seed}"
             cfg = dataclasses.replace(

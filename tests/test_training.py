@@ -80,7 +80,6 @@ def tiny_config(out: Path, steps: int, scheduler: str = "envsched", sandbox: str
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    pytest.importorskip("tensorboardX", reason="the metrics log writes TensorBoard files")
     root = tmp_path_factory.mktemp("train")
     from envsched_jax.training.loop import train
 
@@ -130,3 +129,57 @@ def test_resumed_run_continues_exactly(tiny_run):
     # a run folder holding another run is refused
     with pytest.raises(ValueError, match=r"holds another run \(differs in \['config.scheduler.name'\]"):
         train(tiny_config(root / "killed", steps=3, scheduler="random"), progress=lambda *_: None)
+
+
+def test_tokenizer_corpus_is_not_cut_by_the_runs_token_limits(tmp_path):
+    """The tokenizer's corpus is played with a byte tokenizer (several times as many tokens as
+    the trained one): a run whose sequence limit fits its trained-tokenizer episodes must not
+    lose the corpus to that limit."""
+    import dataclasses
+
+    from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool
+    from envsched_jax.training import warm_start
+
+    cfg = tiny_config(tmp_path / "run", steps=0)
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, agent=dataclasses.replace(
+        cfg.rollout.agent, max_sequence_tokens=700)))
+    split = split_pool(load_pool("embedded"), 2, 1, seed=0)
+    with make_worker_pool(SandboxConfig(kind="inprocess", num_workers=2)) as workers:
+        policy, tokenizer = warm_start.policy_and_tokenizer(cfg, split, workers, tmp_path / "tok")
+    assert len(tokenizer) == 320 and (tmp_path / "tok" / "tokenizer.json").is_file()
+
+
+def test_step0_evaluation_of_a_cached_warm_start_is_shared(tmp_path):
+    """Runs that read one cached warm start share its greedy step-0 evaluation: the first
+    computes and stores it, the next (another scheduler and seed) reads it; a run whose
+    evaluation differs (another held-out split) computes its own."""
+    import dataclasses
+
+    from envsched_jax.training.loop import train
+
+    def cfg(name, **kw):
+        base = tiny_config(tmp_path / name, steps=0, **kw)
+        return dataclasses.replace(base, learner=dataclasses.replace(
+            base.learner, sft_cache=tmp_path / "cache"))
+
+    train(cfg("a"), progress=lambda *_: None)
+    first = read_metrics(tmp_path / "a" / "metrics.jsonl", "eval")
+    assert len(first) == 1 and "eval_cached" not in first[0]
+    assert (tmp_path / "cache" / "eval_step0.json").is_file()
+    train(cfg("b", scheduler="random", seed=1), progress=lambda *_: None)
+    second = read_metrics(tmp_path / "b" / "metrics.jsonl", "eval")
+    assert second[0]["eval_cached"] is True
+    assert second[0]["heldout_reward"] == first[0]["heldout_reward"]
+    greedy = cfg("c")
+    sampled = dataclasses.replace(greedy, rollout=dataclasses.replace(
+        greedy.rollout, eval_sampling=dataclasses.replace(greedy.rollout.eval_sampling,
+                                                          greedy=False)))
+    train(sampled, progress=lambda *_: None)
+    third = read_metrics(tmp_path / "c" / "metrics.jsonl", "eval")
+    assert "eval_cached" not in third[0]
+    # a cache made for another warm start (here: other SFT tasks) is refused, naming the field
+    other = cfg("d")
+    other = dataclasses.replace(other, pool=dataclasses.replace(other.pool, seed=5))
+    with pytest.raises(ValueError, match=r"warm_start.json: the cached warm start was made for "
+                                         r"another configuration \(differs in \['sft_tasks'\]"):
+        train(other, progress=lambda *_: None)

@@ -198,6 +198,50 @@ def step_statistics(groups, rewards: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _warm_start_record(cfg: TrainConfig, split: Split) -> dict[str, Any]:
+    """What a cached warm start depends on. The seed (model initialisation, SFT batch order) is
+    recorded but not compared: sharing one warm start across run seeds is allowed on purpose
+    (``compare_schedulers.py --shared-warm-start``)."""
+    agent = dataclasses.asdict(cfg.rollout.agent)
+    agent.pop("sampling", None)  # the warm start samples nothing
+    agent.pop("episode_timeout_s", None)
+    learner = cfg.learner
+    return json.loads(json.dumps({
+        "sft_tasks": split.ids()["sft"], "policy": dataclasses.asdict(cfg.policy),
+        "sft_steps": learner.sft_steps, "sft_batch_size": learner.sft_batch_size,
+        "sft_optim": dataclasses.asdict(learner.sft_optim), "max_length": learner.max_length,
+        "pad_multiple": learner.pad_multiple, "agent": agent, "pool": cfg.pool.spec},
+        default=str))
+
+
+def _check_warm_start_record(cache: Path, record: dict[str, Any]) -> None:
+    path = cache / "warm_start.json"
+    if not path.is_file():
+        raise ValueError(f"{cache}: a cached policy without warm_start.json (what it was trained "
+                         "on is unknown); remove the folder or choose another --learner.sft-cache")
+    saved = json.loads(path.read_text())
+    saved.pop("seed", None)
+    if saved != record:
+        raise ValueError(f"{path}: the cached warm start was made for another configuration "
+                         f"(differs in {sorted(_differences(saved, record))}); remove the folder "
+                         "or choose another --learner.sft-cache")
+
+
+def _shared_eval_key(cfg: TrainConfig, split: Split) -> dict[str, Any]:
+    return json.loads(json.dumps({
+        "heldout": split.ids()["heldout"], "agent": dataclasses.asdict(cfg.rollout.agent),
+        "eval_sampling": dataclasses.asdict(cfg.rollout.eval_sampling),
+        "sandbox": cfg.rollout.sandbox, "backend": cfg.rollout.backend}, default=str))
+
+
+def _shared_eval_path(cfg: TrainConfig, split: Split) -> Path | None:
+    """Where the step-0 held-out evaluation of a cached warm start is shared (None: no cache,
+    or sampled evaluation, which depends on the run's seed)."""
+    if cfg.learner.sft_cache is None or not cfg.rollout.eval_sampling.greedy:
+        return None
+    return Path(cfg.learner.sft_cache) / "eval_step0.json"
+
+
 def _latest_checkpoint(folder: Path) -> Path | None:
     steps = sorted(folder.glob("step_*"))
     return steps[-1] if steps else None
@@ -249,6 +293,7 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
         t0 = time.perf_counter()
         cache = cfg.learner.sft_cache
         if cache is not None and (Path(cache) / "model.safetensors").is_file():
+            _check_warm_start_record(Path(cache), _warm_start_record(cfg, split))
             policy = models.load_policy(cache)
             tokenizer = policy.tokenizer
             progress(f"warm-started policy read from {cache}")
@@ -263,6 +308,9 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
                     from envsched_jax.learner.export import export_policy
 
                     export_policy(policy, cache)
+                    (Path(cache) / "warm_start.json").write_text(json.dumps(
+                        {**_warm_start_record(cfg, split), "seed": cfg.seed}, indent=2,
+                        sort_keys=True) + "\n")
         timings["policy_seconds"] = time.perf_counter() - t0
         trainer = Trainer(policy.model, models.forward, _trainer_config(cfg, "grpo"))
         scheduler = make_scheduler_for(cfg, split.train)
@@ -284,9 +332,25 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
         def run_eval(step: int) -> None:
             if not cfg.eval_every or not split.heldout.tasks:
                 return
+            # The step-0 evaluation of a cached warm start is the same for every run that reads
+            # it (same weights, same held-out tasks, greedy decoding: the seed plays no part), so
+            # the first run that computes it stores it beside the cache and the others read it.
+            shared = _shared_eval_path(cfg, split) if step == 0 else None
+            key = _shared_eval_key(cfg, split)
+            if shared is not None and shared.is_file():
+                saved = json.loads(shared.read_text())
+                if saved.get("key") == key:
+                    result = dict(saved["result"], eval_cached=True)
+                    log.log("eval", step, result)
+                    progress(f"step {step:4d} eval: held-out reward {result['heldout_reward']:.3f} "
+                             f"(solved {result['heldout_solved']:.2f}; read from {shared})")
+                    return
             t0 = time.perf_counter()
             result = evaluate(eval_agent, split.heldout.tasks, cfg.seed)
             result["eval_seconds"] = time.perf_counter() - t0
+            if shared is not None:
+                shared.write_text(json.dumps({"key": key, "result": result}, indent=2,
+                                             sort_keys=True) + "\n")
             log.log("eval", step, result)
             progress(f"step {step:4d} eval: held-out reward {result['heldout_reward']:.3f} "
                      f"(solved {result['heldout_solved']:.2f})")

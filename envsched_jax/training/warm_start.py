@@ -16,6 +16,7 @@ without replacement (reshuffled every epoch by the run's seed).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +73,12 @@ def policy_and_tokenizer(cfg: TrainConfig, split, workers, tokenizer_dir: Path):
     else:
         bootstrap = train_chat_tokenizer([""], vocab_size=259, min_frequency=1)
         eos = [bootstrap.eos_token_id]
+        # Byte tokens are several times as many as the trained tokenizer's: the run's token
+        # limits would cut the corpus episodes short, so they are lifted for this playback.
+        unlimited = dataclasses.replace(cfg.rollout.agent, max_sequence_tokens=1 << 30,
+                                        max_tokens_per_turn=1 << 30)
         texts = [bootstrap.decode(ep.transcript.token_ids)
-                 for ep in reference_episodes(split.sft, bootstrap, workers, cfg.rollout.agent, eos)]
+                 for ep in reference_episodes(split.sft, bootstrap, workers, unlimited, eos)]
         if not texts:
             raise ValueError("no reference episode of the warm-start tasks reached full reward: "
                              "nothing to train the tokenizer on")
