@@ -117,12 +117,19 @@ def episodes(backend, policy, pool, tasks, args: Args) -> dict:
     gen = sum(ep.generation_seconds for ep in done)
     env = sum(ep.environment_seconds for ep in done)
     reasons: dict[str, int] = {}
+    errors: dict[str, str] = {}
     for ep in done:
         reasons[ep.end_reason] = reasons.get(ep.end_reason, 0) + 1
+        if ep.error is not None:
+            errors.setdefault(ep.end_reason, str(ep.error)[:500])
+    if "generation_error" in reasons:
+        print(f"{backend.name}: {reasons['generation_error']} of {len(done)} episodes ended in "
+              f"generation_error, first: {errors['generation_error']}", flush=True)
     return {"seconds": seconds, "episodes_per_s": len(done) / seconds,
             "tokens_per_s": sampled / seconds, "sampled_tokens": sampled,
             "generation_share": gen / (gen + env) if gen + env else 0.0,
-            "mean_reward": statistics.fmean(ep.reward for ep in done), "end_reasons": reasons}
+            "mean_reward": statistics.fmean(ep.reward for ep in done), "end_reasons": reasons,
+            "first_errors": errors}
 
 
 def weight_sync(backend, policy, folder: Path) -> dict:
