@@ -33,6 +33,9 @@ def test_split_is_disjoint_per_environment_and_seeded():
     assert split_pool(pool, 10, 3, seed=1).ids() != ids
     with pytest.raises(ValueError, match="no task left for GRPO"):
         split_pool(pool, 20, 10, seed=0)
+    empty = split_pool(pool, 0, 0, seed=0)  # no warm-start tasks, no held-out tasks
+    assert empty.sft is None and empty.heldout is None
+    assert empty.ids()["sft"] == empty.ids()["heldout"] == [] and len(empty.train.tasks) == 192
 
 
 def test_chat_tokenizer_round_trips_and_renders_chatml():
@@ -70,7 +73,7 @@ def test_metrics_log_keeps_the_latest_record_per_step_and_plots(tmp_path):
 def tiny_config(out: Path, steps: int, scheduler: str = "envsched", sandbox: str = "inprocess",
                 **kw) -> TrainConfig:
     return TrainConfig(
-        pool=PoolSplit(sft_per_env=2, heldout_per_env=1),
+        pool=PoolSplit(spec="embedded", sft_per_env=2, heldout_per_env=1),
         policy=PolicySpec(vocab_size=320, hidden_size=32, layers=1, heads=2, intermediate_size=64),
         scheduler=SchedulerSpec(name=scheduler, batch_size=4, group_size=2),
         learner=LearnerSpec(sft_steps=3, sft_batch_size=4, max_length=1024, pad_multiple=256),
@@ -183,3 +186,60 @@ def test_step0_evaluation_of_a_cached_warm_start_is_shared(tmp_path):
     with pytest.raises(ValueError, match=r"warm_start.json: the cached warm start was made for "
                                          r"another configuration \(differs in \['sft_tasks'\]"):
         train(other, progress=lambda *_: None)
+
+
+def test_sync_every_serves_stale_weights_and_logs_the_lag(tmp_path):
+    """RolloutSpec.sync_every = 2: the backend gets the learner's weights after every second
+    update, so step 2's rollouts run on weights one update old; each step logs that lag."""
+    import dataclasses
+
+    from envsched_jax.training.loop import train
+
+    base = tiny_config(tmp_path / "lag", steps=3)
+    short = dataclasses.replace(base.rollout.agent, max_turns=2, max_tokens_per_turn=16)
+    cfg = dataclasses.replace(  # no warm start: the lag's bookkeeping needs none
+        base, eval_every=0, checkpoint_every=3,
+        learner=dataclasses.replace(base.learner, sft_steps=0),
+        rollout=dataclasses.replace(base.rollout, agent=short, sync_every=2))
+    train(cfg, progress=lambda *_: None)
+    steps = read_metrics(tmp_path / "lag" / "metrics.jsonl", "step")
+    assert [s["policy_lag"] for s in steps] == [0, 1, 0]
+    assert steps[0]["sync_seconds"] == 0.0 and steps[1]["sync_seconds"] > 0.0
+    with pytest.raises(ValueError, match="RolloutSpec.sync_every must be >= 1, got 0"):
+        RolloutSpec(sync_every=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_smollm2_runs_a_few_steps_of_the_documented_accelerator_recipe(tmp_path):
+    """The README's SmolLM2-135M recipe (no warm start, the full tool catalog, the model's own
+    tokenizer and chat template) runs end to end on this CPU: two GRPO steps of 2 tasks x 2
+    rollouts, real sandboxed episodes and a checkpoint, the learner in micro-batches of one
+    sequence with remat (without them the update asked for 44.6 GB). Sizes are cut to keep it
+    to minutes: no held-out split (an evaluation of 8 tasks took minutes of SmolLM2 sampling)."""
+    import dataclasses
+
+    from envsched_jax.rollout.agent import DEFAULT_SYSTEM_PROMPT
+    from envsched_jax.training.loop import train
+
+    agent = dataclasses.replace(RolloutSpec().agent, max_turns=2, max_tokens_per_turn=48,
+                                max_sequence_tokens=4096, tool_catalog="full",
+                                system_prompt=DEFAULT_SYSTEM_PROMPT)
+    cfg = TrainConfig(
+        pool=PoolSplit(spec="embedded", sft_per_env=0, heldout_per_env=0),
+        policy=PolicySpec(source="smollm2"),
+        scheduler=SchedulerSpec(name="envsched", batch_size=2, group_size=2),
+        learner=LearnerSpec(sft_steps=0, max_length=4096, pad_multiple=256, micro_batch_size=1,
+                            remat=True),
+        rollout=RolloutSpec(sandbox="bwrap", workers=4, max_batch=4, max_context=4096, agent=agent,
+                            eval_sampling=dataclasses.replace(RolloutSpec().eval_sampling,
+                                                              max_new_tokens=48)),
+        steps=2, out=tmp_path / "smollm2", checkpoint_every=2, eval_every=2)
+    summary = train(cfg, progress=lambda *_: None)
+    steps = read_metrics(tmp_path / "smollm2" / "metrics.jsonl", "step")
+    assert [s["step"] for s in steps] == [1, 2] and summary["steps"] == 2
+    for s in steps:
+        assert sum(s["end_reasons"].values()) == 2 * 2 and s["sampled_tokens"] > 0
+        assert np.isfinite(s["learner_loss"]) and np.isfinite(s["learner_grad_norm"])
+    assert read_metrics(tmp_path / "smollm2" / "metrics.jsonl", "eval") == []  # nothing held out
+    assert (tmp_path / "smollm2" / "checkpoints" / "step_00000002").is_dir()

@@ -1,8 +1,8 @@
 """Typed, nested configuration of an end-to-end training run (``experiments/train_grpo.py``).
 
 Every field has the default of the CPU recipe (a tiny Llama-architecture policy with a small
-vocabulary on the embedded pool); the paper's settings for an accelerator are one flag set away
-(see the README's training section). tyro turns the nesting into ``--pool.spec``,
+vocabulary on a generated pool of 8 environments x 40 templated tasks); the paper's settings
+for an accelerator are one flag set away (see the README's training section). tyro turns the nesting into ``--pool.spec``,
 ``--scheduler.name``, ``--learner.grpo-steps`` and so on.
 """
 
@@ -27,11 +27,21 @@ class PoolSplit:
       sft_per_env: tasks per environment whose reference trajectories warm-start the policy.
       heldout_per_env: tasks per environment kept out of training, for the held-out reward.
       seed: the split's shuffle (the same for every scheduler and run seed, so runs compare).
+
+    CHOICE (the CPU recipe's pool): ``generated:8x40`` (20 SFT, 4 held-out and 16 GRPO tasks per
+    environment) rather than the embedded pool. On the embedded pool (24 hand-written tasks per
+    environment, 10 for SFT) the tiny policy, warm-started for 60 to 200 SFT steps, produced K
+    identical rewards in every group of every step measured (no gradient), and its greedy
+    held-out episodes called the same non-existent tool whatever the environment: it had not
+    learnt to read the prompt. On the generated pool's templated tasks (ids in the instruction,
+    lookup-then-branch rules), after the 1,200-step warm start below, its sampled rollouts differ
+    within groups (a GRPO signal), although it solves none of the held-out tasks outright: see
+    the README's training section for what was measured.
     """
 
-    spec: str = "embedded"
-    sft_per_env: int = 10
-    heldout_per_env: int = 3
+    spec: str = "generated:8x40"
+    sft_per_env: int = 20
+    heldout_per_env: int = 4
     seed: int = 0
 
     def __post_init__(self):
@@ -86,6 +96,9 @@ class LearnerSpec:
         ``--steps``), not tied to ``--steps``, so a run resumed with more steps keeps its
         schedule; set both together for a longer run.
       micro_batch_size: gradient-accumulation micro-batch (None: the whole batch).
+      remat: recompute activations in the backward pass (with ``micro_batch_size``, what lets
+        a real model's long agent sequences fit: SmolLM2-135M on 4 sequences of a few thousand
+        tokens asked for 44.6 GB at once without either).
       max_length: sequences are cut to this many tokens in the learner's batch.
       pad_multiple: batches are padded to a multiple of this (fewer compilations).
       mask_infrastructure_failures: episodes that failed for reasons that are not the policy's
@@ -96,16 +109,17 @@ class LearnerSpec:
         differ only in the scheduler start from the very same policy.
     """
 
-    sft_steps: int = 300
+    sft_steps: int = 1200
     sft_batch_size: int = 8
     sft_optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
-        learning_rate=2e-3, warmup_steps=20, total_steps=300, end_learning_rate=2e-4))
+        learning_rate=3e-3, warmup_steps=50, total_steps=1200, end_learning_rate=3e-4))
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
         learning_rate=1e-4, warmup_steps=2, total_steps=30))
     micro_batch_size: int | None = None
+    remat: bool = False
     max_length: int = 2048
-    pad_multiple: int = 128
+    pad_multiple: int = 64
     mask_infrastructure_failures: bool = True
     sft_cache: Path | None = None
 
@@ -121,12 +135,23 @@ class RolloutSpec:
       max_batch: the sampler's concurrent sequences.
       max_context: the sampler's longest sequence.
       agent: the agent loop's limits and sampling (the paper's by default, except the token
-        limits, sized here for the tiny CPU policy).
+        limits, sized here for the tiny CPU policy, and the system prompt: CHOICE, the recipe's
+        system message is the compact tool catalog alone, without the environment's prose
+        summary, which a 2-layer model trained on a few hundred episodes cannot use and which
+        roughly doubled every sequence; pass ``--rollout.agent.system-prompt`` to restore it).
       step_deadline_s: the rollout phase's budget per step; episodes still acting then end as
         ``step_deadline`` and are scored on the state they reached (groups stay whole, so the
         scheduler and the advantages see every rollout). None: wait for every episode (each
         bounded by its own ``episode_timeout_s``).
       eval_sampling: held-out evaluation's sampling (greedy by default).
+      sync_every: learner steps between weight syncs to the generation backend. 1 (the
+        default): every step's rollouts use the weights of the step before, so the batch is
+        on-policy (staleness 0). S > 1: the backend keeps serving weights up to S - 1 updates
+        old (a vLLM server skips S - 1 of every S export-and-reload round trips); the ratio's
+        denominator is still the sampler's log-prob of the weights that sampled each token, so
+        PPO's clip bounds the off-policy update. Each step logs ``policy_lag`` (updates the
+        serving weights are behind the learner's when the step's rollouts start). A resumed run
+        starts its backend on the restored weights (lag 0).
     """
 
     backend: Literal["jax", "openai"] = "jax"
@@ -136,10 +161,15 @@ class RolloutSpec:
     max_context: int = 2048
     agent: AgentConfig = dataclasses.field(default_factory=lambda: AgentConfig(
         max_turns=12, max_tokens_per_turn=128, max_sequence_tokens=2048,
-        tool_catalog="compact", episode_timeout_s=600.0))
+        tool_catalog="compact", episode_timeout_s=600.0, system_prompt=""))
     step_deadline_s: float | None = None
     eval_sampling: SamplingParams = dataclasses.field(
         default_factory=lambda: SamplingParams(greedy=True, max_new_tokens=128))
+    sync_every: int = 1
+
+    def __post_init__(self):
+        if self.sync_every < 1:
+            raise ValueError(f"RolloutSpec.sync_every must be >= 1, got {self.sync_every!r}")
 
 
 @dataclasses.dataclass(frozen=True)

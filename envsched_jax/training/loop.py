@@ -10,7 +10,8 @@ One step (EnvSched section 3.1, one epoch per batch):
 5. the new weights go to the generation backend (in memory for the in-process sampler; exported
    and reloaded for a vLLM server), so the next step's rollouts are on-policy (staleness 0: the
    loop is synchronous, and the ratio's denominator is the sampler's log-prob of the same
-   weights);
+   weights); ``RolloutSpec.sync_every`` = S > 1 syncs every S steps instead (staleness up to
+   S - 1 updates, logged as ``policy_lag``);
 6. every ``eval_every`` steps the held-out tasks are played (greedy) for the held-out reward;
    every ``checkpoint_every`` steps the learner and the scheduler are saved together.
 
@@ -61,16 +62,21 @@ def _is_infrastructure_failure(ep: AgentEpisode) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    sft: Pool
+    """The run's three parts; ``sft`` and ``heldout`` are None when they take no task
+    (``sft_per_env`` or ``heldout_per_env`` 0: no warm-start data, no held-out evaluation)."""
+
+    sft: Pool | None
     train: Pool
-    heldout: Pool
+    heldout: Pool | None
 
     def ids(self) -> dict[str, list[str]]:
-        return {name: [t.task_id for t in getattr(self, name).tasks]
+        return {name: [t.task_id for t in part.tasks] if (part := getattr(self, name)) else []
                 for name in ("sft", "train", "heldout")}
 
 
-def _sub_pool(pool: Pool, name: str, tasks) -> Pool:
+def _sub_pool(pool: Pool, name: str, tasks) -> Pool | None:
+    if not tasks:
+        return None
     env_ids = {t.env_id for t in tasks}
     return Pool(f"{pool.name}:{name}", tuple(e for e in pool.environments if e.env_id in env_ids),
                 tuple(tasks))
@@ -107,9 +113,10 @@ def _trainer_config(cfg: TrainConfig, objective: str) -> TrainerConfig:
     learner = cfg.learner
     if objective == "sft":
         return TrainerConfig(objective="sft", micro_batch_size=learner.micro_batch_size,
-                             optim=learner.sft_optim, seed=cfg.seed)
+                             remat=learner.remat, optim=learner.sft_optim, seed=cfg.seed)
     return TrainerConfig(objective="grpo", micro_batch_size=learner.micro_batch_size,
-                         grpo=learner.grpo, optim=learner.optim, seed=cfg.seed)
+                         remat=learner.remat, grpo=learner.grpo, optim=learner.optim,
+                         seed=cfg.seed)
 
 
 def make_scheduler_for(cfg: TrainConfig, train_pool: Pool):
@@ -330,7 +337,7 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
         in_flight = max(cfg.rollout.workers, 1)
 
         def run_eval(step: int) -> None:
-            if not cfg.eval_every or not split.heldout.tasks:
+            if not cfg.eval_every or split.heldout is None:
                 return
             # The step-0 evaluation of a cached warm start is the same for every run that reads
             # it (same weights, same held-out tasks, greedy decoding: the seed plays no part), so
@@ -358,6 +365,7 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
         if start_step == 0:
             run_eval(0)
         B, K = cfg.scheduler.batch_size, cfg.scheduler.group_size
+        lag = 0  # learner updates the serving weights are behind (RolloutSpec.sync_every)
         for t in range(start_step, cfg.steps):
             t_step = time.perf_counter()
             ids = scheduler.select(t)
@@ -379,11 +387,17 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
                                       max_length=cfg.learner.max_length,
                                       pad_multiple=cfg.learner.pad_multiple)
             learner = trainer.train(batch)
-            sync_s = sync_weights(backend, trainer, policy.hf_config, out / "export")
+            lag_at_rollout = lag
+            lag += 1
+            sync_s = 0.0
+            if lag >= cfg.rollout.sync_every:
+                sync_s = sync_weights(backend, trainer, policy.hf_config, out / "export")
+                lag = 0
             stats = step_statistics(groups, rewards)
             stats.update({f"learner_{k}": v for k, v in learner.items()})
             stats.update(rollout_seconds=rollout_s, learner_seconds=learner["step_seconds"],
-                         sync_seconds=sync_s, step_seconds=time.perf_counter() - t_step,
+                         sync_seconds=sync_s, policy_lag=lag_at_rollout,
+                         step_seconds=time.perf_counter() - t_step,
                          scheduler=cfg.scheduler.name)
             log.log("step", t + 1, stats)
             progress(f"step {t + 1:4d}: reward {stats['mean_reward']:.3f}, var "

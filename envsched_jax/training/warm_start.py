@@ -70,6 +70,10 @@ def policy_and_tokenizer(cfg: TrainConfig, split, workers, tokenizer_dir: Path):
 
     if (tokenizer_dir / "tokenizer.json").is_file():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    elif split.sft is None:
+        raise ValueError("PolicySpec.source 'tiny': its tokenizer is trained on the warm-start "
+                         "tasks' reference episodes, and PoolSplit.sft_per_env is 0 (no such "
+                         "task); choose sft_per_env >= 1 or a policy with its own tokenizer")
     else:
         bootstrap = train_chat_tokenizer([""], vocab_size=259, min_frequency=1)
         eos = [bootstrap.eos_token_id]
@@ -112,6 +116,9 @@ def sft_arrays(episodes: list[AgentEpisode], pad_id: int, max_length: int
 def warm_start(cfg: TrainConfig, policy: models.Policy, tokenizer, split, workers,
                trainer_config: TrainerConfig, log, progress=print) -> nnx.Module:
     """Masked SFT on the reference episodes of ``split.sft``; returns the trained model."""
+    if split.sft is None:
+        raise ValueError(f"LearnerSpec.sft_steps is {cfg.learner.sft_steps} but PoolSplit."
+                         "sft_per_env is 0: no warm-start task; set one of them differently")
     episodes = reference_episodes(split.sft, tokenizer, workers, cfg.rollout.agent,
                                   policy.eos_token_ids)
     if not episodes:
