@@ -49,7 +49,7 @@ demo: $(STAMP)
 
 # Fast tier: everything not marked slow, on both cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=25 $(PYTEST_ARGS)
 
 # Slow tier: large pools, long simulations.
 test-slow: $(STAMP)
