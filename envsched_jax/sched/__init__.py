@@ -2,7 +2,7 @@
 
 # EnvSched as implemented here: every equation and every choice the paper leaves open
 
-Source: shared/design/envsched-spec.md (paper sections 2.2-2.4, appendices B-D). Where the paper
+Source: the EnvSched paper (sections 2.2-2.4, appendices B-D). Where the paper
 is silent the choice below is ours (marked CHOICE). Both the JAX implementation
 (`envsched_jax/sched/`) and the plain NumPy reference (`tests/reference_envsched.py`) follow
 exactly this text.

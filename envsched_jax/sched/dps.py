@@ -1,6 +1,6 @@
 """DPS, Dynamics-Predictive Sampling (Mao et al., ICLR 2026), under the shared scheduler API.
 
-Written from the public recipe as summarised in shared/design/baselines.md (no code copied).
+Written from the paper's public recipe (no code copied).
 
 Model. Every task i has a hidden solving state z in {0 unsolved, 1 partially solved, 2 solved}
 and its own 3 x 3 Dirichlet count matrix A_i with A_i[to, from]; P_i = A_i normalised per column

@@ -1,6 +1,6 @@
 """MoPPS, Model Predictive Prompt Selection (Qu et al., arXiv 2507.04632), under the shared API.
 
-Written from the public recipe as summarised in shared/design/baselines.md (no code copied).
+Written from the paper's public recipe (no code copied).
 
 Every task i holds a Beta(alpha_i, beta_i) posterior over its success rate, prior (1, 1).
 

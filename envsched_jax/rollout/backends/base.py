@@ -26,7 +26,7 @@ naming the limit), since the limit belongs to the backend, not the request.
 Seeds. Requests with the same prompt, sampling and seed may give the same tokens (the JAX sampler
 guarantees it): the agent loop derives a distinct seed per episode and turn. A caller building its
 own requests must do the same, or a group of K rollouts samples K identical answers (zero
-advantage), the pitfall ``shared/design/stack.md`` notes for tunix's sampler.
+advantage), a known pitfall of tunix's sampler.
 """
 
 from __future__ import annotations
