@@ -72,6 +72,23 @@ def test_bench_episodes_small(tmp_path, capsys):
     assert "inprocess  embedded" in capsys.readouterr().out
 
 
+def test_bench_length_grouping_small(tmp_path, capsys):
+    """The length-grouping benchmark times both updates of the same batch and they agree."""
+    import json
+
+    import bench_length_grouping as bench
+
+    out = tmp_path / "bench.json"
+    bench.main(bench.Args(rows=8, min_len=16, max_len=200, prompt_len=8, pad_multiple=16,
+                          micro_batch_size=2, steps=1, out=out))
+    result = json.loads(out.read_text())
+    assert result["first_update_relative_difference"] < 1e-4
+    assert result["padded"]["median_s"] > 0 and result["length_grouped"]["median_s"] > 0
+    longest = result["lengths"]["max"]
+    assert 16 <= longest <= 200 and result["lengths"]["padded_width"] == -(-longest // 16) * 16
+    assert "speed-up (padded / length-grouped, same run)" in capsys.readouterr().out
+
+
 def test_bench_learner_tiny(tmp_path):
     """The learner benchmark times our step and torch's on the tiny model, and the two agree on
     the first step (the script itself fails when they do not)."""

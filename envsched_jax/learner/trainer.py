@@ -22,6 +22,16 @@ one epoch per batch, as in the paper. Parameters stay float32 (the optimizer's m
 float32. ``remat=True`` recomputes each micro-batch's forward pass during the backward pass
 (``jax.checkpoint``): memory then holds one micro-batch's activations at a time.
 
+Length grouping (``TrainerConfig.length_grouping``, with ``micro_batch_size``): agent sequences
+vary several-fold in length, and a batch padded to its longest sequence pays the longest one's
+attention cost on every row. Instead the rows are sorted by length and cut into micro-batches of
+``micro_batch_size``, each padded only to the smallest width ``pad_multiple * 2**k`` that holds
+its longest row (so a handful of compiled gradient programs serve every batch). The micro-batches'
+gradients, weighted exactly as in the scan, are summed on the device and one optax update is
+applied: the update equals the plain step's up to float summation order (tested). The time it
+saves is measured by ``experiments/bench_length_grouping.py``. The micro-batch size need not
+divide the batch (the last group is smaller).
+
 Sharding (:func:`shard_state`, :func:`shard_batch`): a one-axis ``jax.sharding.Mesh`` named
 ``"data"`` over the devices; the batch is split along N over it; parameters and optimizer state
 are replicated (``"data"``) or each array is split along its largest axis divisible by the device
@@ -63,6 +73,9 @@ class TrainerConfig:
       compute_dtype: dtype of the forward pass; parameters and the optimizer stay float32.
       remat: recompute each micro-batch's activations during the backward pass.
       sharding: ``data`` (parameters replicated) or ``fsdp`` (parameters split) over the mesh.
+      length_grouping: micro-batches of length-sorted rows, each padded to its own
+        power-of-two width (see the module docstring); needs ``micro_batch_size``.
+      pad_multiple: the smallest width of a length-grouped micro-batch.
       grpo: the GRPO objective's settings.
       optim: the optimizer's settings.
       seed: seeds the train state's key.
@@ -73,6 +86,8 @@ class TrainerConfig:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: bool = False
     sharding: Literal["data", "fsdp"] = "data"
+    length_grouping: bool = False
+    pad_multiple: int = 64
     grpo: objectives.GRPOConfig = dataclasses.field(default_factory=objectives.GRPOConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     seed: int = 0
@@ -88,6 +103,11 @@ class TrainerConfig:
                              f"got {self.compute_dtype!r}")
         if self.sharding not in ("data", "fsdp"):
             raise ValueError(f"TrainerConfig.sharding must be 'data' or 'fsdp', got {self.sharding!r}")
+        if self.length_grouping and self.micro_batch_size is None:
+            raise ValueError("TrainerConfig.length_grouping needs micro_batch_size (the rows per "
+                             "length-sorted micro-batch)")
+        if self.pad_multiple < 1:
+            raise ValueError(f"TrainerConfig.pad_multiple must be >= 1, got {self.pad_multiple!r}")
 
 
 @flax.struct.dataclass
@@ -221,6 +241,62 @@ def make_train_step(graphdef: nnx.GraphDef, forward: Forward, config: TrainerCon
     return jax.jit(step, donate_argnums=(0,))
 
 
+def make_grouped_step(graphdef: nnx.GraphDef, forward: Forward, config: TrainerConfig,
+                      optimizer: optax.GradientTransformation):
+    """The length-grouped step's two compiled halves: ``grad(params, micro_batch, weight,
+    token_share) -> (weighted grads, weighted loss, weighted metrics)`` (one program per
+    micro-batch width) and ``apply(state, grads, loss, metrics, tokens) -> (state, metrics)``."""
+    loss_fn = make_loss_fn(graphdef, forward, config)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def grad(params, mb: PolicyBatch, weight, token_share):
+        (loss, metrics), grads = grad_fn(params, mb)
+        return (jax.tree.map(lambda g: weight * g, grads), weight * loss,
+                {k: token_share * v for k, v in metrics.items() if k != "num_tokens"})
+
+    def apply(state: TrainState, grads, loss, metrics, tokens):
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        key = jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step))
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads), "tokens": tokens}
+        return TrainState(state.step + 1, params, opt_state, key), metrics
+
+    return jax.jit(grad), jax.jit(apply, donate_argnums=(0,))
+
+
+def length_groups(batch: PolicyBatch, size: int, pad_multiple: int
+                  ) -> list[tuple[np.ndarray, int]]:
+    """(rows, width) of each length-grouped micro-batch: rows sorted by extent (one past the
+    last attended position, so left-padded rows keep their span; stable), cut into runs of
+    ``size``; width the smallest ``pad_multiple * 2**k`` holding the run's longest row, capped at
+    the batch's width."""
+    attended = np.asarray(jax.device_get(batch.attention_mask)) > 0
+    lengths = np.where(attended.any(axis=1),
+                       attended.shape[1] - np.argmax(attended[:, ::-1], axis=1), 0)
+    order = np.argsort(lengths, kind="stable")
+    total = int(batch.tokens.shape[1])
+    groups = []
+    for start in range(0, len(order), size):
+        rows = order[start:start + size]
+        width = pad_multiple
+        while width < int(lengths[rows].max()):
+            width *= 2
+        groups.append((rows, min(width, total)))
+    return groups
+
+
+def group_weights(batch: PolicyBatch, groups, config: TrainerConfig
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_micro_weights` for length groups (the same shares, computed on the host)."""
+    mask = np.asarray(jax.device_get(batch.loss_mask))[:, 1:]
+    tokens = np.asarray([mask[rows].sum() for rows, _ in groups], np.float64)
+    token_share = tokens / max(tokens.sum(), 1.0)
+    if not (config.objective == "grpo" and config.grpo.loss_aggregation == "sequence"):
+        return token_share, token_share
+    sequences = np.asarray([(mask[rows].sum(axis=1) > 0).sum() for rows, _ in groups], np.float64)
+    return sequences / max(sequences.sum(), 1.0), token_share
+
+
 def make_logprob_fn(graphdef: nnx.GraphDef, forward: Forward, config: TrainerConfig):
     """``logp(params, tokens, attention_mask) -> [N, T]`` (entry 0 zero): the policy's log-prob
     of each token, for ``old_logp`` when the sampler did not record it, or ``ref_logp``."""
@@ -294,6 +370,8 @@ class Trainer:
         self.state = state if self.mesh is None else shard_state(state, self.mesh,
                                                                  self.config.sharding)
         self._step = make_train_step(self.graphdef, self.forward, self.config, self.optimizer)
+        self._grad, self._apply = make_grouped_step(self.graphdef, self.forward, self.config,
+                                                    self.optimizer)
         self._logp = make_logprob_fn(self.graphdef, self.forward, self.config)
 
     def logprobs(self, tokens, attention_mask) -> jax.Array:
@@ -304,11 +382,33 @@ class Trainer:
         if self.mesh is not None:
             batch = shard_batch(batch, self.mesh)
         start = time.perf_counter()
-        self.state, metrics = self._step(self.state, batch)
+        if self.config.length_grouping:
+            self.state, metrics = self._grouped_step(batch)
+        else:
+            self.state, metrics = self._step(self.state, batch)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         seconds = time.perf_counter() - start
         return {**metrics, "step_seconds": seconds,
                 "tokens_per_second": metrics["tokens"] / seconds if seconds > 0 else 0.0}
+
+    def _grouped_step(self, batch: PolicyBatch):
+        groups = length_groups(batch, self.config.micro_batch_size, self.config.pad_multiple)
+        weights, shares = group_weights(batch, groups, self.config)
+        grads = loss = metrics = None
+        for (rows, width), weight, share in zip(groups, weights, shares):
+            index = jnp.asarray(rows)
+            mb = jax.tree.map(lambda x: x[index] if x.ndim == 1 else x[index, :width], batch)
+            if self.mesh is not None:
+                mb = shard_batch(mb, self.mesh)
+            g, l, m = self._grad(self.state.params, mb, jnp.float32(weight), jnp.float32(share))
+            if grads is None:
+                grads, loss, metrics = g, l, m
+            else:
+                grads = jax.tree.map(jnp.add, grads, g)
+                loss = loss + l
+                metrics = jax.tree.map(jnp.add, metrics, m)
+        tokens = batch.loss_mask[:, 1:].sum()
+        return self._apply(self.state, grads, loss, metrics, tokens)
 
     def model_with_params(self) -> nnx.Module:
         """The model carrying the current parameters (for sampling or export)."""
