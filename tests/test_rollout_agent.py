@@ -481,3 +481,95 @@ def test_llm_user_gets_the_brief_and_ends_with_the_marker(tokenizer, embedded):
         user.session(task)
     with pytest.raises(ValueError, match=r"\{brief\} and \{stop\}"):
         LLMUser(user.backend, tokenizer, LLMUserConfig(prompt="{goal}"))
+
+
+# -- EnvScaler's pool: its observation texts, its reward rule, its conversational user ------------
+
+def _probe_task(pool, name):
+    return pool.tasks[pool.task_index(f"probe_{name}-task_0")]
+
+
+CLOSE_T1 = '<tool_call>[{"name": "close_ticket", "arguments": {"ticket_id": "T1"}}]</tool_call>'
+
+
+@pytest.mark.parametrize("observation_format", ["pool", "json"])
+def test_envscaler_tasks_show_envscalers_texts_and_reward_only_an_answer(tokenizer, tmp_path,
+                                                                         observation_format):
+    from envsched_jax.pool import envscaler_conformance as conf
+
+    pool = conf.probe_pool(tmp_path)
+    task = _probe_task(pool, "actions_exhausted")  # checks that ticket T1 is closed
+    turns = ['<tool_call>[{"name": "count_open", "arguments": {}}, '
+             '{"name": "no_such_tool", "arguments": {}}]</tool_call>', CLOSE_T1, "Task Completed"]
+    with make_worker_pool(SandboxConfig(kind="inprocess", num_workers=1, trust="any")) as workers:
+        agent, _ = runner(tokenizer, pool, desk_agent(turns), workers,
+                          observation_format=observation_format)
+        ep = agent.run_episode(task)
+        # the same work cut by the turn limit before the answer: EnvScaler gives it nothing
+        cut, _ = runner(tokenizer, pool, desk_agent(turns), workers, max_turns=2)
+        unanswered = cut.run_episode(task)
+    assert (ep.end_reason, ep.reward) == ("answered", 1.0)
+    assert ep.trajectory.actions[-1] == {"name": "chat_with_user", "turn": 0,
+                                         "arguments": {"content": "Task Completed"}}
+    shown = [(m["role"], m["content"]) for m in ep.transcript.messages[2:]
+             if m["role"] != "assistant"]
+    if observation_format == "pool":
+        assert shown[:2] == [("tool", "{'success': True, 'data': 2}"),
+                             ("user", "Error: Invalid action")]
+    else:
+        assert shown[:2] == [("tool", '{"data": 2, "success": true}'),
+                             ("tool", '{"error": "invalid action: \'no_such_tool\'", '
+                                      '"success": false}')]
+    assert (unanswered.end_reason, unanswered.reward) == ("max_turns", 0.0)
+    assert unanswered.trajectory.final_state["tickets"]["T1"]["status"] == "closed"
+
+
+def test_envscaler_conversation_ends_and_is_scored_at_the_users_stop(tokenizer, tmp_path):
+    from envsched_jax.pool import envscaler_conformance as conf
+    from envsched_jax.rollout.users import LLMUser, envscaler_user_config
+
+    pool = conf.probe_pool(tmp_path, mode="conversational")
+    task = _probe_task(pool, "conversation_user_stop")
+    user_prompts = []
+
+    def user_model(replies):
+        def respond(prompt, request):
+            user_prompts.append(prompt)
+            return replies.pop(0)
+        return respond
+
+    agent_turns = [CLOSE_T1, "Ticket T1 is closed.", "Anything else?", "Bye."]
+    with make_worker_pool(SandboxConfig(kind="inprocess", num_workers=1, trust="any")) as workers:
+        # the first answer lacks the reply marker: sampled again (EnvScaler retries too)
+        user = LLMUser(ScriptedBackend(tokenizer, user_model([
+            "I want a ticket closed.", "Thought: start small\nReply: Please close ticket T1.",
+            "###STOP###"])), tokenizer, envscaler_user_config())
+        agent_backend = ScriptedBackend(tokenizer, desk_agent(agent_turns))
+        ep = AgentRunner(agent_backend, tokenizer, workers, pool, user=user).run_episode(task)
+        # a user that never stops: the agent's turn limit ends the episode, unscored
+        patient = LLMUser(ScriptedBackend(tokenizer, user_model(
+            ["Thought: a\nReply: Please close ticket T1."] + ["Thought: b\nReply: Really?"] * 3)),
+            tokenizer, envscaler_user_config())
+        endless = AgentRunner(ScriptedBackend(tokenizer, desk_agent(agent_turns)), tokenizer,
+                              workers, pool, AgentConfig(max_turns=3), user=patient
+                              ).run_episode(task)
+    assert (ep.end_reason, ep.reward, ep.trajectory.end_reason) == ("user_ended", 1.0, "user_stop")
+    assert [r.request_id.split("/")[-1] for r in user.backend.requests] == ["user0", "user0.1", "user1"]
+    agent_prompt = tokenizer.decode(list(agent_backend.requests[0].prompt_ids))
+    assert "Please close ticket T1." in agent_prompt and "start small" not in agent_prompt
+    assert task.instruction not in agent_prompt  # the task is the user's
+    assert task.instruction in user_prompts[0] and "Agent: Ticket T1 is closed." in user_prompts[2]
+    assert (endless.end_reason, endless.reward) == ("max_turns", 0.0)
+    assert endless.trajectory.final_state["tickets"]["T1"]["status"] == "closed"
+
+
+def test_envscaler_options_are_validated():
+    from envsched_jax.rollout.users import LLMUserConfig, envscaler_user_config
+
+    with pytest.raises(ValueError, match="observation_format must be 'pool' or 'json', got 'xml'"):
+        AgentConfig(observation_format="xml")
+    with pytest.raises(ValueError, match="max_attempts must be >= 1, got 0"):
+        LLMUserConfig(max_attempts=0)
+    with pytest.raises(ValueError, match="reply_marker must be None or a non-blank string"):
+        envscaler_user_config(reply_marker=" ")
+    assert envscaler_user_config().max_turns is None

@@ -98,6 +98,18 @@ class Attacker:
             self.reached.append("ptrace")
         return {"success": True}
 
+    def forge_end(self):
+        """Reach the goal, then make the episode look ended by the agent's chat_with_user (and by a
+        simulated user's stop), so that an episode EnvScaler leaves unscored would be scored."""
+        import gc
+        self.items["a"] = "done"
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "EpisodeCore":
+                obj.actions.append({"name": "chat_with_user", "arguments": {"content": "done"}})
+                obj.user_stopped = True
+                obj.done, obj.end_reason = True, "chat_with_user"
+        return {"success": True}
+
     def signal_supervisor(self):
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGKILL):
             try:
@@ -270,11 +282,13 @@ def integrity_pool() -> Pool:
     attacker = Environment("attacker", "Attacker", "hostile code",
                            tools=tools(("mark", "patch_checker", "forge_frames",
                                         "signal_supervisor", "poison", "background", "deep",
-                                        "exposure")),
+                                        "exposure", "forge_end")),
                            class_source=ATTACKER_SOURCE)
     honest = Environment("honest", "Honest", "honest code", tools=tools(("mark", "probe_process")),
                          class_source=HONEST_SOURCE)
     tasks = (Task("attack", "attacker", "Mark b.", {}, (A_DONE,)),
+             Task("attack-envscaler", "attacker", "Mark a, then say so.", {}, (A_DONE,),
+                  metadata={"semantics": "envscaler"}),
              Task("honest-full", "honest", "Mark a.", {}, (A_DONE,)),
              Task("honest-half", "honest", "Mark a and b.", {}, (A_DONE, B_DONE)),
              Task("honest-probe", "honest", "Probe.", {}, PROBE_CHECKS))
@@ -335,6 +349,20 @@ def test_environment_code_cannot_forge_rewards(jail, attack, mode):
     assert traj.final_state.get("reached", []) == [], traj.final_state
     _honest_episodes_score_true_rewards(jail, tasks, mode)
     assert jail.num_replaced == replaced  # the jail itself was never compromised
+
+
+@pytest.mark.parametrize("mode", ["run", "steps"])
+def test_environment_code_cannot_make_an_unscored_episode_scored(jail, mode):
+    """EnvScaler's rule: no chat_with_user, no reward. The supervisor decides that from the
+    actions it relayed, so an episode process that rewrites its own record of them gains nothing."""
+    tasks = integrity_pool()
+    traj = _play(jail, tasks, "attack-envscaler", [Action("forge_end")], mode)
+    assert traj.final_state["items"] == {"a": "done"}  # the goal was reached ...
+    assert traj.reward == 0.0 and traj.check_errors[0].startswith("unscored"), traj.check_errors
+    _honest_episodes_score_true_rewards(jail, tasks, mode)
+    # control: the attack is real; in-process (trusted code only) the record it rewrote decides
+    with make_worker_pool(SandboxConfig(kind="inprocess", num_workers=1, trust="any")) as pool:
+        assert _play(pool, tasks, "attack-envscaler", [Action("forge_end")], mode).reward == 1.0
 
 
 @pytest.mark.parametrize("mode", ["run", "steps"])

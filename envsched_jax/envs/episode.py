@@ -2,7 +2,8 @@
 
 :class:`Episode` is the host-side handle of one episode. It leases a worker from a
 :class:`~envsched_jax.envs.sandbox.WorkerPool` at ``reset`` and gives it back at ``score``; the
-state machine itself (EnvScaler's and BFCL-v3 multi-turn semantics, documented in
+state machine itself (EnvScaler's runner's rules for EnvScaler's pool, the project's for its own
+pools and BFCL-v3 multi-turn, chosen by the task's ``metadata["semantics"]`` and documented in
 :mod:`envsched_jax.envs.runtime.core`) runs inside the worker, so the host only ever sees JSON.
 Everything is recorded into a :class:`~envsched_jax.envs.trajectory.Trajectory`.
 
@@ -30,7 +31,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envsched_jax.envs.runtime.core import CHAT_WITH_USER, reward_of
+from envsched_jax.envs.runtime.core import (CHAT_WITH_USER, PRIVATE_METHODS, SEMANTICS, USER_STOP,
+                                            reward_of)
 from envsched_jax.envs.sandbox.base import SandboxError, Worker, WorkerPool
 from envsched_jax.envs.trajectory import Trajectory
 from envsched_jax.pool.model import Action, Environment, Task
@@ -51,8 +53,13 @@ class Score:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
+    """One step's outcome. ``message``: for ``envscaler`` tasks, the observation as EnvScaler's
+    runner shows it to the policy (``{"role": "tool" | "user", "content": text}``, see
+    :func:`envsched_jax.envs.runtime.core.envscaler_message`); None otherwise."""
+
     observation: Any
     done: bool
+    message: Mapping[str, str] | None = None
 
 
 def episode_spec(env: Environment, task: Task, max_steps: int | None = None) -> dict[str, Any]:
@@ -63,16 +70,40 @@ def episode_spec(env: Environment, task: Task, max_steps: int | None = None) -> 
     if user_mode not in ("scripted", "simulated"):
         raise ValueError(f"task {task.task_id!r}: metadata user_mode must be 'scripted' or "
                          f"'simulated', got {user_mode!r}")
+    semantics = task_semantics(task)
+    private_methods = task.metadata.get("private_methods", "allow")
+    if private_methods not in PRIVATE_METHODS:
+        raise ValueError(f"task {task.task_id!r}: metadata private_methods must be one of "
+                         f"{PRIVATE_METHODS}, got {private_methods!r}")
     return {
         "env_id": env.env_id, "class_name": env.class_name, "class_source": env.class_source,
         "task_id": task.task_id, "instruction": task.instruction,
         "initial_state": dict(task.initial_state), "checks": [c.code for c in task.checks],
         "user_turns": list(task.user_turns),
         "withheld_tools": dict(task.metadata.get("withheld_tools", {})),
+        "withheld_calls": task.metadata.get("withheld_calls", "execute"),
         "holdout_prompt": task.metadata.get("holdout_prompt", ""),
         "tool_names": list(env.tool_names), "max_steps": max_steps,
-        "user_mode": task.metadata.get("user_mode", "scripted"),
+        "user_mode": user_mode, "semantics": semantics, "private_methods": private_methods,
     }
+
+
+def task_semantics(task: Task) -> str:
+    """The episode rules ``task`` asks for (``metadata["semantics"]``, one of
+    :data:`~envsched_jax.envs.runtime.core.SEMANTICS`; ``project`` when it names none)."""
+    semantics = task.metadata.get("semantics", "project")
+    if semantics not in SEMANTICS:
+        raise ValueError(f"task {task.task_id!r}: metadata semantics must be one of {SEMANTICS}, "
+                         f"got {semantics!r}")
+    return semantics
+
+
+def chat_action(task: Task, text: str, turn: int = 0) -> Action:
+    """The ``chat_with_user`` action that says ``text`` to the user, with the argument the task's
+    semantics reads: ``content`` for ``envscaler`` (EnvScaler's runner requires it), ``message``
+    for ``project`` (the project's pools' convention)."""
+    key = "content" if task_semantics(task) == "envscaler" else "message"
+    return Action(CHAT_WITH_USER, {key: text}, turn=turn)
 
 
 def validate_score(reply: Mapping[str, Any], num_checks: int) -> None:
@@ -241,6 +272,8 @@ class Episode:
             event = {"kind": "step", "action": act, "observation": reply["observation"],
                      "state_change": reply["state_change"], "done": done,
                      "turn": reply.get("turn", 0)}
+            if reply.get("message") is not None:
+                event["message"] = reply["message"]
         except Exception as err:
             self._events.append({"kind": "step", "action": act, "observation": None,
                                  "state_change": {}, "done": True, "error": str(_unexpected(err))})
@@ -248,7 +281,24 @@ class Episode:
             return StepResult(None, True)
         self.done = done
         self._events.append(event)
-        return StepResult(reply["observation"], done)
+        return StepResult(reply["observation"], done, reply.get("message"))
+
+    def user_stop(self) -> None:
+        """The simulated user ended the conversation (EnvScaler's ``###STOP###``): the episode
+        ends, and an ``envscaler`` episode whose last action was a ``chat_with_user`` is scored
+        (:func:`~envsched_jax.envs.runtime.core.unscored_reason`). A failure ends the episode
+        with its named error, as a failed step does."""
+        if self._task is None:
+            raise EpisodeError("user_stop before reset")
+        if self.done:
+            raise EpisodeError("user_stop after the end of the episode")
+        try:
+            self._request({"op": "user_stop"})
+        except Exception as err:
+            self._fail(err)
+            return
+        self.done = True
+        self._events.append({"kind": "user_stop"})
 
     def score(self) -> Score:
         if self._task is None:
@@ -306,10 +356,11 @@ def failure_score(err: SandboxError, num_checks: int) -> dict[str, Any]:
 
 def run_actions(pool: WorkerPool, env: Environment, task: Task,
                 actions: Sequence[Action | Mapping[str, Any]], *, max_steps: int | None = None,
-                timeout: float | None = None) -> Trajectory:
+                timeout: float | None = None, user_stop: bool = False) -> Trajectory:
     """Play a fixed action sequence as one episode in one worker round trip; the trajectory is
-    the same as stepping through the actions one by one. Always returns: a failure of any kind
-    gives a reward-0 trajectory whose ``error`` names it, and the worker is given back."""
+    the same as stepping through the actions one by one (and, with ``user_stop``, calling
+    :meth:`Episode.user_stop` after them). Always returns: a failure of any kind gives a
+    reward-0 trajectory whose ``error`` names it, and the worker is given back."""
     pool.admit(env)
     acts = [action_json(a) for a in actions]
     limit = pool.backend.limits.wall_seconds
@@ -318,7 +369,8 @@ def run_actions(pool: WorkerPool, env: Environment, task: Task,
     try:
         worker = pool.lease(timeout=timeout)  # bounded, but not charged to the episode
         reply = worker.request({"op": "run", "spec": episode_spec(env, task, max_steps),
-                                "actions": acts}, min(limit, timeout) if timeout else limit)
+                                "actions": acts, "user_stop": user_stop},
+                               min(limit, timeout) if timeout else limit)
         record = reply["record"]
         validate_score(record["score"], len(task.checks))
         trajectory = trajectory_from_record(record, task, env, pool.kind, acts,
@@ -351,8 +403,11 @@ def trajectory_from_record(record: Mapping[str, Any], task: Task, env: Environme
     for act, step in zip(actions, record["steps"]):
         events.append({"kind": "step", "action": act, "observation": step["observation"],
                        "state_change": step["state_change"], "done": step["done"],
-                       "turn": step.get("turn", 0)})
+                       "turn": step.get("turn", 0),
+                       **({"message": step["message"]} if step.get("message") else {})})
     score = record["score"]
+    if score["end_reason"] == USER_STOP:
+        events.append({"kind": "user_stop"})
     events.append({"kind": "score", "reward": score["reward"],
                    "check_results": score["check_results"], "check_errors": score["check_errors"],
                    "turn_states": score.get("turn_states", [])})

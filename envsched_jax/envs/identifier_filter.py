@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from envsched_jax.envs.replay import REPLAY_TOLERANCE, replay_actions
-from envsched_jax.envs.runtime.core import CHAT_WITH_USER
+from envsched_jax.envs.runtime.core import CHAT_WITH_USER, USER_STOP
 from envsched_jax.envs.sandbox.base import WorkerPool
 from envsched_jax.envs.trajectory import Trajectory
 from envsched_jax.pool.model import Pool, Task
@@ -257,8 +257,10 @@ def identifier_filter(trajectories: Sequence[Trajectory], tasks: Pool, workers: 
         if not found:
             continue
         actions = traj.action_records()
+        stop = traj.end_reason == USER_STOP
         again = replay_actions(workers, tasks, traj.task_id, actions, traj.reward,
-                               tolerance=config.tolerance, timeout=config.timeout_s)
+                               tolerance=config.tolerance, timeout=config.timeout_s,
+                               user_stop=stop)
         if not again.reward_matches:
             mismatches.append((traj.task_id, index, traj.reward, again.reward))
             suspicions.extend(found)
@@ -266,7 +268,8 @@ def identifier_filter(trajectories: Sequence[Trajectory], tasks: Pool, workers: 
         for s in found:
             kept = tuple(a for k, a in enumerate(actions) if k not in s.removed_steps)
             without = replay_actions(workers, tasks, traj.task_id, kept, again.reward,
-                                     tolerance=config.tolerance, timeout=config.timeout_s)
+                                     tolerance=config.tolerance, timeout=config.timeout_s,
+                                     user_stop=stop)
             confirmed = without.reward < again.reward - config.tolerance
             suspicions.append(dataclasses.replace(s, reward_with=again.reward,
                                                   reward_without=without.reward,

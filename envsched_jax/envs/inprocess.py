@@ -1,20 +1,27 @@
-"""In-process episode execution with EnvScaler's semantics, for TRUSTED environments only.
+"""In-process episode execution, for TRUSTED environments only.
 
 This runs environment and verifier code in the calling interpreter, so it is only for
 project-authored environments (the embedded pool, the generator) and for tests. Code that comes
 from a task pool file is untrusted and must run in a sandbox.
 
-Semantics (EnvScaler's own runner, see ``shared/design/pools.md``):
+:func:`run_episode` plays a fixed action sequence. A task with the ``project`` semantics (see
+:mod:`envsched_jax.envs.runtime.core`) is played by the loop below, written apart from the
+runtime's state machine so that the sandboxes are checked against an independent implementation
+of the same rules:
 
 - set-up: instantiate the class with ``init_config`` (fall back to no argument when the
-  constructor takes none), then set every ``init_config`` key as an attribute;
-- state: the instance's attributes without dunders, deep-copied;
+  constructor takes none), then set a deep copy of every ``init_config`` value as an attribute;
+- state: the instance's attributes except those named ``__...__``, deep-copied;
 - an action ``{"name", "arguments"}`` naming a public method of the class or ``chat_with_user`` is
   valid; anything else returns an "invalid action" observation without ending the episode;
 - a tool that raises ends the episode with reward 0;
 - ``chat_with_user`` ends the episode (non-conversational mode);
 - reward = mean over the checklist of ``check_func(final_state)`` with a global ``initial_state``
   injected, rounded to 4 decimals; a check that raises counts 0.
+
+A task with the ``envscaler`` semantics is played by the runtime's state machine
+(:func:`envsched_jax.envs.runtime.core.run_actions`), whose rules are checked against
+EnvScaler's own runner instead (:mod:`envsched_jax.pool.envscaler_conformance`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envsched_jax.envs.episode import action_json, episode_spec, task_semantics
 from envsched_jax.envs.runtime import core as _core
 from envsched_jax.pool.model import Action, Environment, Task
 
@@ -38,7 +46,7 @@ class EpisodeResult:
     check_errors: tuple[str | None, ...]
     observations: tuple[Any, ...]
     final_state: Mapping[str, Any]
-    end_reason: str  # "chat_with_user" | "actions_exhausted" | "tool_error"
+    end_reason: str  # "chat_with_user" | "actions_exhausted" | "tool_error" | "max_steps"
     error: str | None = None
 
 
@@ -83,7 +91,10 @@ def run_episode(env: Environment, task: Task, actions: Sequence[Action]) -> Epis
     Multi-turn tasks: a user turn ends when the next action carries a later ``turn`` or at a
     ``chat_with_user`` (which ends the episode only after the last turn); checks see the state at
     the end of every turn (:func:`envsched_jax.envs.runtime.core.with_turns`), as in every
-    sandbox."""
+    sandbox. ``envscaler`` tasks: see the module docstring (observations and final state as
+    JSON)."""
+    if task_semantics(task) == "envscaler":
+        return _runtime_episode(env, task, actions)
     instance = instantiate(load_class(env), task.initial_state)
     initial_state = snapshot_state(instance)
     num_turns = len(task.user_turns)
@@ -103,7 +114,9 @@ def run_episode(env: Environment, task: Task, actions: Sequence[Action]) -> Epis
                 continue
             end_reason = CHAT_WITH_USER
             break
-        if not is_valid_tool(instance, action.name):
+        refused = (task.metadata.get("withheld_calls") == "refuse"
+                   and task.metadata.get("withheld_tools", {}).get(action.name, 0) > len(turn_states))
+        if refused or not is_valid_tool(instance, action.name):
             observations.append({"success": False, "error": f"invalid action: {action.name!r}"})
             continue
         try:
@@ -115,3 +128,13 @@ def run_episode(env: Environment, task: Task, actions: Sequence[Action]) -> Epis
     final = snapshot_state(instance)
     reward, results, errors = run_checks(task, _core.with_turns(final, turn_states, num_turns), initial_state)
     return EpisodeResult(reward, results, errors, tuple(observations), final, end_reason)
+
+
+def _runtime_episode(env: Environment, task: Task, actions: Sequence[Action]) -> EpisodeResult:
+    record = _core.run_actions(episode_spec(env, task), [action_json(a) for a in actions],
+                               load_class(env))
+    score = record["score"]
+    return EpisodeResult(score["reward"], tuple(score["check_results"]),
+                         tuple(score["check_errors"]),
+                         tuple(step["observation"] for step in record["steps"]),
+                         score["final_state"], score["end_reason"], score["error"])

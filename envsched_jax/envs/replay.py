@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 
 from envsched_jax.envs.episode import run_actions
+from envsched_jax.envs.runtime.core import USER_STOP
 from envsched_jax.envs.sandbox.base import WorkerPool
 from envsched_jax.envs.trajectory import Trajectory
 from envsched_jax.pool.model import Action, Pool
@@ -46,15 +47,19 @@ def same_state(a: dict, b: dict) -> bool:
 
 def replay_actions(workers: WorkerPool, tasks: Pool, task_id: str, actions: Sequence[Action],
                    stored_reward: float, *, tolerance: float = REPLAY_TOLERANCE,
-                   timeout: float | None = None) -> ReplayResult:
+                   timeout: float | None = None, user_stop: bool = False) -> ReplayResult:
+    """Replay ``actions``; ``user_stop``: the simulated user then ends the conversation, as it
+    did in the stored episode (:meth:`~envsched_jax.envs.episode.Episode.user_stop`)."""
     task = tasks.tasks[tasks.task_index(task_id)]
     replayed = run_actions(workers, tasks.environment(task.env_id), task, actions,
-                           timeout=timeout)
+                           timeout=timeout, user_stop=user_stop)
     return ReplayResult(task_id, stored_reward, replayed, tolerance)
 
 
 def replay(workers: WorkerPool, tasks: Pool, trajectory: Trajectory, *,
            tolerance: float = REPLAY_TOLERANCE, timeout: float | None = None) -> ReplayResult:
-    """Replay ``trajectory``'s actions in ``workers``' sandbox."""
+    """Replay ``trajectory``'s actions in ``workers``' sandbox (and the simulated user's end of
+    the conversation where it ended so)."""
     return replay_actions(workers, tasks, trajectory.task_id, trajectory.action_records(),
-                          trajectory.reward, tolerance=tolerance, timeout=timeout)
+                          trajectory.reward, tolerance=tolerance, timeout=timeout,
+                          user_stop=trajectory.end_reason == USER_STOP)

@@ -63,9 +63,11 @@ Task
 
 Missing functions (``miss_func``)
     The environment always implements every tool of its classes, because environments are shared
-    between categories. Withholding is the runner's job: it must leave the tools named in
-    ``withheld_tools`` out of the catalog until their turn, and send ``holdout_prompt`` as that
-    (empty) user turn, as BFCL's inference loop does.
+    between categories. Withholding is the runner's job: it leaves the tools named in
+    ``withheld_tools`` out of the catalog until their turn, and sends ``holdout_prompt`` as that
+    (empty) user turn, as BFCL's inference loop does. A call of a withheld tool before its turn
+    runs, as BFCL's executor runs it (the turn's state check then sees its effect);
+    ``withheld_calls="refuse"`` makes it an invalid action instead (:data:`WITHHELD_CALLS`).
 
 Verifier checks
     The expected outcomes are computed at load time by replaying the ground truth in-process with
@@ -73,9 +75,12 @@ Verifier checks
     in each check, as BFCL's ``multi_turn_checker`` makes them for every turn with ground truth:
 
     - one check per involved *stateful* class (all but ``MathAPI``): the class's snapshot at the end
-      of the turn equals the one the ground-truth calls reach by then (BFCL's ``state_checker``;
-      the tests confirm that it agrees with BFCL's own instance comparison). The expected snapshot
-      is embedded as the SHA-256 of its canonical JSON, which keeps long-context checks small;
+      of the turn equals the one the ground-truth calls reach by then, under Python equality as
+      BFCL's ``state_checker`` compares instance attributes (``44420 == 44420.0``; the tests
+      confirm that it agrees with BFCL's own instance comparison; ``state_equality="exact"``
+      compares the JSON snapshots type-exactly instead, :data:`STATE_EQUALITY`). The expected
+      snapshot is embedded as the SHA-256 of the canonical JSON of its Python-equality form
+      (:func:`state_digest`), which keeps long-context checks small;
     - one response check: the agent made at least one call in the turn (BFCL fails a turn with
       ground truth and no call) and the results of the turn's ground-truth calls are a
       sub-multiset of the results of all the agent's calls up to the end of the turn (BFCL's
@@ -86,8 +91,15 @@ Verifier checks
     (:func:`envsched_jax.envs.runtime.core.with_turns`). Turns without ground truth are not
     checked (BFCL 2025.7.17 has its irrelevance check switched off). Reward is the mean of these
     checks (EnvScaler), where BFCL scores a task all-or-nothing (reward 1.0 when every per-turn
-    condition holds). One known difference: ``multi_turn_base_154``, which BFCL scores as a forced
-    termination because its ground truth has more turns than its question, can reach 1.0 here.
+    condition holds). The loader plays every task's reference actions through the episode runtime
+    and refuses a task whose reference does not score 1.0 (:func:`verify_reference`).
+
+Agreement with BFCL's checker
+    :mod:`envsched_jax.pool.bfcl_conformance` drives the installed ``bfcl_eval``'s multi-turn
+    checker and this runtime with the same action sequences; ``reward == 1.0`` agrees with BFCL's
+    ``valid`` except for the differences listed in its ``DOCUMENTED_DIFFERENCES``
+    (``multi_turn_base_154``, which BFCL scores as a forced termination because its ground truth
+    has more turns than its question, can reach 1.0 here).
 """
 
 from __future__ import annotations
@@ -500,7 +512,9 @@ class _Replay:
 
 
 def _replay(cls: type, initial_state: Mapping[str, Any], actions: Sequence[Action],
-            num_turns: int) -> _Replay:
+            num_turns: int, refused: Mapping[str, int] | None = None) -> _Replay:
+    """Run the ground truth turn by turn. ``refused`` (``withheld_calls="refuse"``): tool name ->
+    first turn it may be called; an earlier call is skipped, as the runtime refuses it."""
     instance = instantiate(cls, initial_state)
     initial = snapshot_state(instance)
     results: list[list[str]] = [[] for _ in range(num_turns)]
@@ -508,6 +522,8 @@ def _replay(cls: type, initial_state: Mapping[str, Any], actions: Sequence[Actio
     errors = []
     for turn in range(num_turns):
         for action in (a for a in actions if a.turn == turn):
+            if refused and refused.get(action.name, 0) > turn:
+                continue
             result = getattr(instance, action.name)(**copy.deepcopy(dict(action.arguments)))
             results[turn].append(result)
             if isinstance(result, str) and result.startswith(ERROR_PREFIX):
@@ -517,21 +533,103 @@ def _replay(cls: type, initial_state: Mapping[str, Any], actions: Sequence[Actio
                    tuple(errors))
 
 
+def run_in_runtime(env: Environment, task: Task, actions: Sequence[Action],
+                   cls: type | None = None) -> dict[str, Any]:
+    """Play ``actions`` (turn-tagged; each user turn closed by ``chat_with_user``) through the
+    episode runtime every sandbox runs (:func:`envsched_jax.envs.runtime.core.run_actions`): the
+    whole record ``{"reset", "steps", "score"}``. ``cls``: the composite class, when already
+    made (else ``env.class_source`` is executed)."""
+    from envsched_jax.envs.episode import action_json, episode_spec, with_turn_ends
+    from envsched_jax.envs.runtime import core
+
+    if cls is None:
+        cls = core.load_class(env.env_id, env.class_name, env.class_source)
+    played = [action_json(a) for a in with_turn_ends(task, actions)]
+    return core.run_actions(episode_spec(env, task), played, cls)
+
+
+def verify_reference(env: Environment, task: Task, cls: type | None = None) -> None:
+    """Play ``task``'s reference actions through the episode runtime (:func:`run_in_runtime`) and
+    raise :class:`PoolError` naming the task and its failed checks unless they score 1.0. The
+    loader calls this for every task, so checks that expect what the runtime cannot produce fail
+    at load time, not in training."""
+    score = run_in_runtime(env, task, task.reference_actions, cls)["score"]
+    if score["reward"] != 1.0:
+        failed = [f"{c.text} ({err})" if err else c.text for c, ok, err in
+                  zip(task.checks, score["check_results"], score["check_errors"]) if not ok]
+        raise PoolError(f"the reference actions of {task.task_id!r} score {score['reward']} in the "
+                        f"episode runtime (end: {score['end_reason']}), not 1.0; failed checks: "
+                        + "; ".join(failed), field="reference_actions")
+
+
 # --------------------------------------------------------------------------------------------
 # Checks (BFCL's multi_turn_checker, turn by turn: see the module docstring)
+
+_PY_EQUAL_FORM = '''\
+def py_equal_form(value):
+    """A canonical form of a decoded state value: two values have equal forms exactly when
+    Python's == calls them equal, for everything a BFCL state holds. Numbers that compare equal
+    (1, 1.0, True) get one form; containers recurse, and the sorted item lists of sets and of
+    dicts with non-string keys are sorted again, since their elements' forms may have changed.
+    Not told apart, unlike in Python: a tuple and a list with equal items (the snapshot makes both
+    lists), and NaN from NaN (the snapshot makes it a string)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list):
+        return [py_equal_form(v) for v in value]
+    if isinstance(value, dict):
+        out = {k: py_equal_form(v) for k, v in value.items()}
+        for tag in ("__set__", "__dict_items__"):
+            if len(out) == 1 and isinstance(out.get(tag), list):
+                out[tag] = sorted(out[tag], key=lambda v: json.dumps(v, sort_keys=True))
+        return out
+    return value
+'''
 
 _STATE_CHECK = '''\
 import hashlib
 import json
 
+{form_source}
 
 def check_func(final_state):
     turns = final_state.get({turns_key!r}) or []
     if len(turns) <= {turn}:
         return False
-    text = json.dumps(turns[{turn}].get({key!r}), sort_keys=True, ensure_ascii=False)
+    value = turns[{turn}].get({key!r})
+    text = json.dumps({form_call}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest() == {digest!r}
 '''
+
+STATE_EQUALITY = ("python", "exact")
+"""How a class's state is compared with the ground truth's. ``python`` (the default, BFCL's rule):
+Python equality of the instances' attributes, so ``44420 == 44420.0`` and ``True == 1``.
+``exact``: equality of the canonical JSON snapshots, which also tells integers from floats and
+booleans from numbers; stricter than BFCL (a float parameter sent as an integer fails every later
+state check), kept for researchers who want type-exact states."""
+
+WITHHELD_CALLS = ("execute", "refuse")
+"""What a call of a ``miss_func`` tool before its turn does (the tool is not in the catalog
+then either way). ``execute`` (the default, BFCL's rule: its executor runs any call of a method
+of the involved classes): the call runs and changes the state, and the turn's state check sees
+it. ``refuse``: the call is an invalid action (an observation, no state change), so an agent
+cannot act with a tool it has not been offered; stricter than BFCL, and its checks are made from
+a ground-truth replay under the same rule (BFCL's own ground truth of
+``multi_turn_miss_func_49`` calls ``tail`` two turns before it is offered)."""
+
+_FORM_NAMESPACE: dict[str, Any] = {"json": json}
+exec(_PY_EQUAL_FORM, _FORM_NAMESPACE)
+py_equal_form = _FORM_NAMESPACE["py_equal_form"]
+
+
+def state_digest(value: Any, equality: str = "python") -> str:
+    """The SHA-256 a state check compares: of the canonical JSON of ``value``'s Python-equality
+    form (``python``) or of ``value`` itself (``exact``); the checks compute the same."""
+    form = py_equal_form(value) if equality == "python" else value
+    return hashlib.sha256(_canonical(form).encode("utf-8")).hexdigest()
+
 
 _RESPONSE_CHECK = '''\
 import json
@@ -561,20 +659,22 @@ def _canonical(value: Any) -> str:
 
 
 def _make_checks(api: _BfclApi, classes: Sequence[str], replay: _Replay,
-                 ground_truth: Sequence[Sequence[str]]) -> list[Check]:
+                 ground_truth: Sequence[Sequence[str]], equality: str = "python") -> list[Check]:
     checks = []
+    form_source, form_call = ((_PY_EQUAL_FORM, "py_equal_form(value)") if equality == "python"
+                              else ("", "value"))
     for turn, calls in enumerate(ground_truth):
         if not calls:
             continue  # BFCL checks nothing at a turn without ground truth
         for name in classes:
             if name in api.stateless:
                 continue
-            expected = _canonical(replay.turn_states[turn][name])
             checks.append(Check(
                 f"Turn {turn}: the state of {name} at the end of the turn equals the one the "
                 "ground-truth calls reach",
                 _STATE_CHECK.format(turns_key=TURNS_KEY, turn=turn, key=name,
-                                    digest=hashlib.sha256(expected.encode("utf-8")).hexdigest())))
+                                    form_source=form_source, form_call=form_call,
+                                    digest=state_digest(replay.turn_states[turn][name], equality))))
         checks.append(Check(
             f"Turn {turn}: the agent calls a tool in the turn, and the results of the ground-truth "
             f"calls {', '.join(calls)} all appear among the results of its calls so far",
@@ -607,7 +707,9 @@ def _user_text(turn: Any, where: dict[str, Any], k: int) -> str:
 
 def load_bfcl_pool(categories: Sequence[str] = BFCL_CATEGORIES,
                    data_dir: str | Path | None = None, *,
-                   name: str = "bfcl_v3_multi_turn") -> Pool:
+                   name: str = "bfcl_v3_multi_turn",
+                   state_equality: str = "python",
+                   withheld_calls: str = "execute") -> Pool:
     """Load BFCL-v3 multi-turn tasks as a validated :class:`Pool`.
 
     Args:
@@ -615,6 +717,13 @@ def load_bfcl_pool(categories: Sequence[str] = BFCL_CATEGORIES,
       data_dir: a folder laid out like ``bfcl_eval/data`` (``BFCL_v3_multi_turn_<category>.json``,
         ``possible_answer/``, ``multi_turn_func_doc/``); defaults to the installed package's.
       name: the pool's name.
+      state_equality: how the state checks compare states, one of :data:`STATE_EQUALITY`
+        (default ``python``, as BFCL's checker does).
+      withheld_calls: what an early call of a withheld ``miss_func`` tool does, one of
+        :data:`WITHHELD_CALLS` (default ``execute``, as BFCL's executor does).
+
+    Every task's reference actions are played through the episode runtime and must score 1.0
+    (:func:`verify_reference`).
 
     Raises:
       PoolError: ``bfcl_eval`` (or ``mpmath``) is not installed, or a file is missing; a
@@ -626,6 +735,10 @@ def load_bfcl_pool(categories: Sequence[str] = BFCL_CATEGORIES,
     if unknown or len(set(categories)) != len(categories):
         raise PoolError(f"categories must be distinct values of {BFCL_CATEGORIES}, "
                         f"got {tuple(categories)!r}", field="categories")
+    for option, value, allowed in (("state_equality", state_equality, STATE_EQUALITY),
+                                   ("withheld_calls", withheld_calls, WITHHELD_CALLS)):
+        if value not in allowed:
+            raise PoolError(f"{option} must be one of {allowed}, got {value!r}", field=option)
     api = _import_bfcl()
     data_dir = Path(data_dir) if data_dir is not None else api.package_dir / "data"
     class_docs = {c: _read_class_docs(api, data_dir, c) for c in sorted(api.class_modules)}
@@ -650,14 +763,17 @@ def load_bfcl_pool(categories: Sequence[str] = BFCL_CATEGORIES,
             where = {"source": str(q_path), "line": line_no}
             try:
                 task, env_id, classes = _load_task(api, class_docs, category, rec, where,
-                                                   answers, a_path, composites)
+                                                   answers, a_path, composites,
+                                                   state_equality, withheld_calls)
+                if env_id not in environments:
+                    environments[env_id] = _build_environment(
+                        api, env_id, [class_docs[c] for c in classes])
+                verify_reference(environments[env_id], task, composites[env_id])
             except PoolError as err:
-                problems.append(err)
+                problems.append(PoolError(err.reason, field=err.field, **where)
+                                if err.source is None else err)
                 continue
             tasks.append(task)
-            if env_id not in environments:
-                environments[env_id] = _build_environment(
-                    api, env_id, [class_docs[c] for c in classes])
     if problems:
         raise PoolValidationErrors(problems)
     return Pool(name=name, environments=tuple(environments[e] for e in sorted(environments)),
@@ -667,7 +783,8 @@ def load_bfcl_pool(categories: Sequence[str] = BFCL_CATEGORIES,
 def _load_task(api: _BfclApi, class_docs: Mapping[str, _ClassDocs], category: str,
                rec: Mapping[str, Any], where: dict[str, Any],
                answers: Mapping[str, tuple[int, Any]], a_path: Path,
-               composites: dict[str, type]) -> tuple[Task, str, list[str]]:
+               composites: dict[str, type], state_equality: str = "python",
+               withheld_calls: str = "execute") -> tuple[Task, str, list[str]]:
     task_id = rec.get("id")
     if not isinstance(task_id, str) or not task_id:
         raise PoolError("missing or non-string 'id'", field="id", **where)
@@ -731,11 +848,12 @@ def _load_task(api: _BfclApi, class_docs: Mapping[str, _ClassDocs], category: st
     if env_id not in composites:
         composites[env_id] = _exec_composite(env_id, composite_source(api, docs))
     try:
-        replay = _replay(composites[env_id], initial_state, actions, num_turns)
+        replay = _replay(composites[env_id], initial_state, actions, num_turns,
+                         withheld if withheld_calls == "refuse" else None)
     except Exception as err:  # a scenario bfcl_eval cannot load, or an unencodable state
         raise PoolError(f"replaying the ground truth of {task_id!r} failed "
                         f"({type(err).__name__}: {err})", **where) from None
-    checks = _make_checks(api, classes, replay, ground_truth)
+    checks = _make_checks(api, classes, replay, ground_truth, state_equality)
     if not checks:
         raise PoolError(f"task {task_id!r} gets no check: its ground truth has no call and its "
                         "classes are stateless", field="checks", **where)
@@ -748,10 +866,11 @@ def _load_task(api: _BfclApi, class_docs: Mapping[str, _ClassDocs], category: st
         "turns_without_ground_truth": [k for k, t in enumerate(ground_truth) if not t],
         "source": Path(where["source"]).name,
         "line": where["line"],
+        "state_equality": state_equality,
     }
     if missed is not None:
         metadata.update(missed_function=missed, withheld_tools=withheld,
-                        holdout_prompt=api.holdout_prompt)
+                        holdout_prompt=api.holdout_prompt, withheld_calls=withheld_calls)
     if turn_mismatch:
         metadata["turn_count_mismatch"] = {"question_turns": len(question),
                                            "ground_truth_turns": len(answers[task_id][1])}

@@ -107,7 +107,9 @@ def _json_default_error(obj: Any) -> Any:
 class Check:
     """One verifier check: human-readable text plus Python source defining
     ``check_func(final_state) -> bool`` (EnvScaler's convention; a global ``initial_state`` is
-    injected when it runs)."""
+    injected when it runs). Code that is empty, does not compile or defines no ``check_func`` is
+    kept and counts 0 when it runs, as in EnvScaler's runner (its check generator writes an empty
+    ``check_func`` when it gives up)."""
 
     text: str
     code: str
@@ -115,8 +117,8 @@ class Check:
     def __post_init__(self):
         if not isinstance(self.text, str):
             raise PoolError("check text must be a string", field="text")
-        if not isinstance(self.code, str) or not self.code.strip():
-            raise PoolError("check code must be a non-empty string", field="code")
+        if not isinstance(self.code, str):
+            raise PoolError("check code must be a string", field="code")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,18 @@ spec                                        pool
 ``generated:51x50`` / ``generated:51x50:7``  seeded synthetic pool, 51 environments x 50 tasks
 ``generated:100000`` / ``generated:2550:3``  seeded synthetic pool of that many tasks
 ``bfcl`` / ``bfcl:base,miss_func``          BFCL-v3 multi-turn (all four categories by default)
+``bfcl:miss_func,withheld_calls=refuse``    ... with the loader's stricter options (see below)
 ``envscaler:ENV_FILE:TASK_FILE``            EnvScaler RL-format files you downloaded
+``envscaler:ENV:TASKS,mode=conversational``  ... with the loader's options (see below)
 ``PATH.jsonl``                              a pool in the canonical JSON-lines form
 =========================================  ================================================
 
-EnvScaler and JSON-lines pools accept ``drop_invalid`` (leave out broken records, list them in
-``Pool.dropped``).
+A ``bfcl`` spec's comma list may hold ``state_equality=exact`` and ``withheld_calls=refuse``
+(:func:`envsched_jax.pool.bfcl.load_bfcl_pool`; both off by default, where the pool follows BFCL's
+checker). An ``envscaler`` spec may end with ``,private_methods=refuse`` and
+``,mode=conversational`` (:func:`envsched_jax.pool.envscaler.load_envscaler_pool`; EnvScaler's
+rules by default), so its task file's name must not hold ``,NAME=``. EnvScaler and JSON-lines
+pools accept ``drop_invalid`` (leave out broken records, list them in ``Pool.dropped``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ from pathlib import Path
 
 from envsched_jax.pool.model import Pool, PoolError
 
-SPEC_HELP = ("embedded | generated:ENVSxTASKS[:SEED] | generated:N[:SEED] | bfcl[:CATEGORIES] | "
-             "envscaler:ENV_FILE:TASK_FILE | PATH.jsonl")
+SPEC_HELP = ("embedded | generated:ENVSxTASKS[:SEED] | generated:N[:SEED] | bfcl[:CATEGORIES[,OPTION=VALUE]] | "
+             "envscaler:ENV_FILE:TASK_FILE[,OPTION=VALUE] | PATH.jsonl")
 
 
 def load_pool(spec: str, *, drop_invalid: bool = False) -> Pool:
@@ -48,14 +54,27 @@ def load_pool(spec: str, *, drop_invalid: bool = False) -> Pool:
 
         if spec == "bfcl":
             return load_bfcl_pool()
-        return load_bfcl_pool(categories=tuple(c for c in spec[5:].split(",") if c))
+        parts = [c for c in spec[5:].split(",") if c]
+        options = dict(p.split("=", 1) for p in parts if "=" in p)
+        unknown = sorted(set(options) - {"state_equality", "withheld_calls"})
+        if unknown:
+            raise PoolError(f"cannot parse pool spec {spec!r}: unknown option(s) {unknown}; a bfcl "
+                            "spec takes categories and state_equality=..., withheld_calls=...")
+        categories = tuple(p for p in parts if "=" not in p)
+        return load_bfcl_pool(**({"categories": categories} if categories else {}), **options)
     if spec.startswith("envscaler:"):
         from envsched_jax.pool.envscaler import load_envscaler_pool
 
         parts = spec.split(":", 2)
         if len(parts) != 3 or not all(parts[1:]):
             raise PoolError(f"cannot parse pool spec {spec!r}; expected envscaler:ENV_FILE:TASK_FILE")
-        return load_envscaler_pool(parts[1], parts[2], drop_invalid=drop_invalid)
+        task_file, *pairs = re.split(r",(?=\w+=)", parts[2])
+        options = dict(p.split("=", 1) for p in pairs)
+        unknown = sorted(set(options) - {"private_methods", "mode"})
+        if unknown:
+            raise PoolError(f"cannot parse pool spec {spec!r}: unknown option(s) {unknown}; an "
+                            "envscaler spec takes private_methods=..., mode=...")
+        return load_envscaler_pool(parts[1], task_file, drop_invalid=drop_invalid, **options)
     path = Path(spec)
     if path.suffix == ".jsonl" or path.is_file():
         from envsched_jax.pool.jsonl import read_pool

@@ -8,7 +8,10 @@ One episode:
 3. The message is parsed in the family's tool-call format (:mod:`.tool_calls`):
    - each well-formed call is executed as an environment step in the episode's sandbox worker
      (bubblewrap, Docker, or in-process for trusted environments), and its observation comes
-     back as a ``tool`` message;
+     back as a message: in the pool's own words where the pool has them (EnvScaler's pool: the
+     text of the tool's return value as a ``tool`` message, ``Error: Invalid action`` and
+     tracebacks as ``user`` messages, as EnvScaler's runner shows them), else as JSON in a
+     ``tool`` message (:attr:`AgentConfig.observation_format`);
    - a malformed call comes back as a ``tool`` message saying what is wrong (the episode goes
      on);
    - a message without calls is a message to the user: the ``chat_with_user`` action. It ends a
@@ -23,8 +26,11 @@ Limits (the paper's, as :class:`AgentConfig` defaults): 40 assistant turns, 4,09
 turn, 32,000 tokens per sequence. Sampling: temperature 0.99, top-p 0.99, top-k 100.
 
 Conversational tasks with a simulated user (``metadata["user_mode"] == "simulated"``, tau-bench
-style) get their user messages from a :mod:`.users` simulator that holds the task's private brief;
-the agent's messages to the user go to it, and its replies come back as ``user`` messages.
+style and EnvScaler's conversational mode) get their user messages from a :mod:`.users` simulator
+that holds the task's private brief; the agent's messages to the user go to it, and its replies
+come back as ``user`` messages. When it ends the conversation the episode ends there
+(:meth:`~envsched_jax.envs.episode.Episode.user_stop`: for EnvScaler's pool, the step that is
+scored).
 
 Every way an episode can end has a named ``end_reason``: ``answered`` (the model answered the
 user and the environment ended the episode), ``user_ended`` (the simulated user ended the
@@ -35,9 +41,12 @@ call: its own step limit, a tool error, the last turn), ``terminate_tool``, ``ma
 ``step_deadline`` (the step's rollout budget ran out, :meth:`AgentRunner.run`'s ``deadline_s``:
 scored as it stands, so a step's slowest episodes cannot hold up the step and groups stay whole),
 ``generation_error`` (the backend failed a request: reward 0, the error kept), ``wall_clock``
-(the episode's time ran out), or ``sandbox_<kind>`` (the sandbox failed: reward 0). An episode
-cut by a limit is scored on the state it reached (CHOICE: the paper is silent; EnvScaler's runner
-scores an episode that hit its step limit the same way).
+(the episode's time ran out), or ``sandbox_<kind>`` (the sandbox failed: reward 0). Every episode
+that did not fail is scored by its task's semantics (:mod:`envsched_jax.envs.runtime.core`): an
+EnvScaler task only when the environment ended it (the model answered the user, or the simulated
+user stopped), so one cut by a limit (``max_turns``, ``max_sequence_tokens``, ``step_deadline``,
+``terminate_tool``) is worth 0, as in EnvScaler's runner; a task of the project's own pools is
+scored on the state it reached (CHOICE: the paper is silent).
 
 Concurrency: :class:`AgentRunner` runs many episodes at once, one thread each; a thread waits on
 its generation future or on its sandbox worker, so generation and environment execution of
@@ -53,8 +62,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from envsched_jax.envs.episode import Episode
-from envsched_jax.envs.runtime.core import CHAT_WITH_USER
+from envsched_jax.envs.episode import Episode, StepResult, chat_action
 from envsched_jax.envs.sandbox.base import WorkerPool
 from envsched_jax.envs.trajectory import Trajectory
 from envsched_jax.pool.model import Action, Environment, Pool, Task
@@ -85,6 +93,9 @@ class AgentConfig:
       sampling: temperature / top-p / top-k (the paper: 0.99 / 0.99 / 100); its
         ``max_new_tokens`` is replaced by what the turn and sequence limits leave.
       tool_format: the family's tool-call format (``hermes``, ``json_list``, ``llama3_json``).
+      observation_format: ``pool`` (an observation as the pool's own runner words it where the
+        runtime gives that text: EnvScaler's pool; JSON in a ``tool`` message otherwise) or
+        ``json`` (always JSON in a ``tool`` message).
       tool_catalog: ``full`` (the OpenAI function schemas, descriptions included) or ``compact``
         (one ``name(arg: type)`` line per tool: for tiny models with short contexts).
       system_prompt: a format string with ``{summary}`` (the environment's summary).
@@ -101,6 +112,7 @@ class AgentConfig:
     max_sequence_tokens: int = 32_000
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     tool_format: str = "json_list"
+    observation_format: Literal["pool", "json"] = "pool"
     tool_catalog: Literal["full", "compact"] = "full"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     reward: Literal["fraction", "all_or_nothing"] = "fraction"
@@ -115,6 +127,9 @@ class AgentConfig:
         if self.tool_catalog not in ("full", "compact"):
             raise ValueError(f"AgentConfig.tool_catalog must be 'full' or 'compact', "
                              f"got {self.tool_catalog!r}")
+        if self.observation_format not in ("pool", "json"):
+            raise ValueError(f"AgentConfig.observation_format must be 'pool' or 'json', "
+                             f"got {self.observation_format!r}")
         if self.reward not in ("fraction", "all_or_nothing"):
             raise ValueError(f"AgentConfig.reward must be 'fraction' or 'all_or_nothing', "
                              f"got {self.reward!r}")
@@ -308,7 +323,7 @@ class AgentRunner:
             parsed = self.format.parse(text)
             new_messages: list[dict[str, Any]] = []
             if not parsed.has_calls:
-                reply = self._step(record, episode, Action(CHAT_WITH_USER, {"message": parsed.content}))
+                reply = self._step(record, episode, chat_action(task, parsed.content)).observation
                 if reply is None or episode.done:
                     record.end_reason = record.end_reason or "answered"
                     return
@@ -325,6 +340,7 @@ class AgentRunner:
                         record.user_seconds += time.monotonic() - t0
                     if answer is None:
                         record.end_reason = "user_ended"
+                        episode.user_stop()
                         return
                     content = answer
                 now = list(reply.get("tools") or []) if isinstance(reply, dict) else offered
@@ -340,8 +356,8 @@ class AgentRunner:
                     new_messages.append({"role": "tool", "content": observation_text(
                         {"success": False, "error": f"malformed tool call: {error}"})})
                 for call in parsed.calls:
-                    observation = self._step(record, episode, Action(call.name, dict(call.arguments)))
-                    new_messages.append({"role": "tool", "content": observation_text(observation)})
+                    result = self._step(record, episode, Action(call.name, dict(call.arguments)))
+                    new_messages.append(self._observation_message(result))
                     if call.name in terminate:
                         record.end_reason = "terminate_tool"
                         return
@@ -378,13 +394,19 @@ class AgentRunner:
         record.generation_seconds += time.monotonic() - t0
         return completion
 
-    def _step(self, record: AgentEpisode, episode: Episode, action: Action) -> Any:
-        """One environment step and its observation. A sandbox failure ends the episode
-        (``episode.done``); scoring then reports it as ``sandbox_<kind>``."""
+    def _step(self, record: AgentEpisode, episode: Episode, action: Action) -> StepResult:
+        """One environment step. A sandbox failure ends the episode (``episode.done``); scoring
+        then reports it as ``sandbox_<kind>``."""
         t0 = time.monotonic()
         result = episode.step(action)
         record.environment_seconds += time.monotonic() - t0
-        return result.observation
+        return result
+
+    def _observation_message(self, result: StepResult) -> dict[str, Any]:
+        """The chat message that shows a tool call's observation (see ``observation_format``)."""
+        if self.config.observation_format == "pool" and result.message is not None:
+            return {"role": result.message["role"], "content": result.message["content"]}
+        return {"role": "tool", "content": observation_text(result.observation)}
 
     def _finish(self, record: AgentEpisode, episode: Episode, task: Task, start: float
                 ) -> AgentEpisode:

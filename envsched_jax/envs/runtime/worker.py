@@ -47,8 +47,11 @@ inherited from the supervisor: ``RLIMIT_AS`` (a memory bomb becomes ``MemoryErro
 the episode's processes when it runs out and answers ``wall_clock``, so a slow episode costs no
 jail. The parent keeps its own, slightly longer deadline for a supervisor that does not answer.
 
-Requests: ``hello``; ``reset`` {spec}; ``step`` {action}; ``score``; ``run`` {spec, actions} (a
-whole fixed-action episode in one round trip); ``abort`` (end the episode unscored). Every
+Requests: ``hello``; ``reset`` {spec}; ``step`` {action}; ``user_stop`` (the simulated user
+ended the conversation); ``score``; ``run`` {spec, actions, user_stop} (a whole fixed-action
+episode in one round trip); ``abort`` (end the episode unscored). Whether an ``envscaler``
+episode is scored at all is decided here, from the actions relayed and the parent's stops
+(:func:`core.unscored_reason`), never from the episode process's report. Every
 request carries ``seq`` and ``nonce``, echoed in its reply so that the parent can match them.
 Replies: ``{"ok": true, ...}`` or ``{"ok": false, "kind": cpu | memory | output | processes |
 protocol | state | setup | wall_clock | crashed, "error": ..., "retire": bool}``; ``retire`` is
@@ -213,13 +216,15 @@ def _serve_episode(chan: _ChildChannel) -> None:
             if op == "reset":
                 reply = _guarded(episode.reset, "setup")
             else:
-                actions = request["actions"]
-                reply = _guarded(lambda: {"record": core.play_actions(episode, actions),
+                actions, stop = request["actions"], bool(request.get("user_stop"))
+                reply = _guarded(lambda: {"record": core.play_actions(episode, actions, stop),
                                           "payload": episode.final_payload()}, "setup")
         elif episode is None:
             reply = _error("state", f"{op!r} before reset")
         elif op == "step":
             reply = _guarded(lambda: episode.step(request["action"]), "state")
+        elif op == "user_stop":
+            reply = _guarded(episode.user_stop, "state")
         elif op == "final":
             reply = _guarded(lambda: {"payload": episode.final_payload()}, "state")
         else:
@@ -286,6 +291,8 @@ class Supervisor:
         self.child = None          # (pid, socket) of the running episode process
         self.checker = None        # (pid, socket) of its check process, compiling the checks
         self.agent_messages = []   # the episode's chat_with_user messages, as relayed here
+        self.relayed = []          # the episode's actions, as relayed here (unscored_reason)
+        self.user_stopped = False  # the parent said the simulated user ended the conversation
         self.spares: dict[str, tuple[int, socket.socket]] = {}  # forked ahead, by role
         self.spare_keys: dict[str, set[str]] = {}  # CODE_CACHE keys each spare inherited
         self.child_keys: set[str] = set()
@@ -638,8 +645,10 @@ class Supervisor:
             self.spec = spec
             key = self.compiled_class(spec, deadline)
             self.checker = self.take("checks", _serve_checks)
-            task = {k: spec.get(k) for k in ("task_id", "checks", "user_turns", "user_mode")}
+            task = {k: spec.get(k)
+                    for k in ("task_id", "checks", "user_turns", "user_mode", "semantics")}
             self.agent_messages = []
+            self.relayed, self.user_stopped = [], False
             self.send(self.checker, {"spec": task}, deadline, "checks")
             self.child = self.take("episode", _serve_episode)
             spec = {k: v for k, v in spec.items() if k != "checks"}  # the checker has them
@@ -654,14 +663,17 @@ class Supervisor:
                                                     "reply")
                 return {"ok": True, "observation": reply.get("observation"),
                         "state": reply["state"]}
-            reply = self.ask(self.child, {"op": "run", "spec": spec,
-                                          "actions": request["actions"]}, deadline, "episode")
+            reply = self.ask(self.child, {"op": "run", "spec": spec, "actions": request["actions"],
+                                          "user_stop": bool(request.get("user_stop"))},
+                             deadline, "episode")
             record = reply.get("record")
             if not isinstance(record, dict):
                 raise EpisodeFailed("protocol", "the episode process sent no record")
             done = record.get("steps")
             count = len(done) if isinstance(done, list) else 0
             self.agent_messages = _messages_of(request["actions"][:count])
+            self.relayed = list(request["actions"])
+            self.user_stopped = bool(request.get("user_stop"))
             record["score"] = self.score(reply.get("payload"), deadline)
             return {"ok": True, "record": record}
         if self.child is None:
@@ -670,11 +682,17 @@ class Supervisor:
             reply = self.ask(self.child, {"op": "step", "action": request["action"]}, deadline,
                              "episode")
             self.agent_messages.extend(_messages_of([request["action"]], len(self.agent_messages)))
+            self.relayed.append(request["action"])
             if (not isinstance(reply.get("done"), bool) or not isinstance(reply.get("turn"), int)
-                    or not isinstance(reply.get("state_change"), dict)):
+                    or not isinstance(reply.get("state_change"), dict)
+                    or not _is_message(reply.get("message"))):
                 raise EpisodeFailed("protocol", "the episode process sent a malformed step reply")
-            return {k: reply.get(k) for k in ("ok", "observation", "state_change", "done",
-                                                "end_reason", "error", "turn")}
+            return {k: reply.get(k) for k in ("ok", "observation", "message", "state_change",
+                                                "done", "end_reason", "error", "turn")}
+        if op == "user_stop":
+            self.ask(self.child, {"op": "user_stop"}, deadline, "episode")
+            self.user_stopped = True
+            return {"ok": True, "done": True, "end_reason": core.USER_STOP}
         if op == "score":
             reply = self.ask(self.child, {"op": "final"}, deadline, "episode")
             return {"ok": True, **self.score(reply.get("payload"), deadline)}
@@ -707,6 +725,11 @@ class Supervisor:
                                              "may not spawn processes)")
         checks = self.spec["checks"]
         checker, self.checker = self.checker, None
+        # decided here, from the actions relayed and the parent's stops, not from the payload
+        unscored = core.unscored_reason(self.spec, self.relayed, self.user_stopped)
+        if unscored is not None:
+            checker[1].close()
+            return core.assemble_score(payload, core.unscored_checks(len(checks), unscored))
         try:
             os.kill(checker[0], signal.SIGCONT)  # in case the episode stopped it
             # the agent's messages as relayed here, not as the episode process reports them
@@ -735,6 +758,14 @@ def _messages_of(actions, first_turn: int = 0) -> list:
         if isinstance(action, dict) and action.get("name") == core.CHAT_WITH_USER:
             out.append(core.agent_message(first_turn + len(out), action.get("arguments") or {}))
     return out
+
+
+def _is_message(message) -> bool:
+    """Whether a step reply's ``message`` is None or ``{"role": "tool" | "user", "content": str}``
+    (what the policy is shown; its text is the environment's to choose)."""
+    return message is None or (isinstance(message, dict) and set(message) == {"role", "content"}
+                               and message["role"] in ("tool", "user")
+                               and isinstance(message["content"], str))
 
 
 def _validate_payload(payload) -> None:

@@ -43,13 +43,16 @@ class InProcessWorker:
                 spec = message["spec"]
                 cls = self.backend.trusted_class(spec["env_id"])
                 if op == "run":
-                    return {"ok": True, "record": core.run_actions(spec, message["actions"], cls)}
+                    return {"ok": True, "record": core.run_actions(
+                        spec, message["actions"], cls, bool(message.get("user_stop")))}
                 self.episode = core.EpisodeCore(spec, cls)
                 return {"ok": True, **self.episode.reset()}
             if self.episode is None:
                 raise SandboxError("state", f"{op!r} before reset")
             if op == "step":
                 return {"ok": True, **self.episode.step(message["action"])}
+            if op == "user_stop":
+                return {"ok": True, **self.episode.user_stop()}
             if op == "score":
                 return {"ok": True, **self.episode.score()}
         except core.EpisodeStateError as err:
