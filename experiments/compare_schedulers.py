@@ -13,6 +13,15 @@ folder (``<scheduler>_s<seed>``), so an interrupted comparison resumes where it 
 Usage:
     python experiments/compare_schedulers.py                              # 3 x 3 runs, CPU recipe
     python experiments/compare_schedulers.py --schedulers envsched random --seeds 0 --steps 10
+    python experiments/compare_schedulers.py --report-only     # tables and plot from the folders
+
+Statistics per run: the means over steps of the paper's batch statistics and of the training
+reward; ``reward_slope`` (least-squares slope of the training reward over the steps, per step,
+``scipy.stats.linregress``; it mixes learning with what the scheduler chose to train on, so it is
+not comparable across schedulers as a learning measure); ``last5_reward``; and the held-out
+reward (the same tasks, greedy) at the first and last evaluation and their difference; with
+``--base.probe-tasks``, the same for the training-task probe (``probe_before``, ``probe_after``,
+``probe_gain``: the same training tasks for every run, sampled with fixed seeds).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
 import tyro
 
 from envsched_jax.training.config import TrainConfig
@@ -45,6 +55,8 @@ class Args:
     and scheduler, so the seeds vary only the GRPO phase (sampling, the scheduler's randomness);
     cheaper on a CPU. Either way every scheduler of a seed starts from the same policy, and the
     step-0 held-out evaluation (greedy) is computed once per warm start and shared."""
+    report_only: bool = False
+    """Train nothing: read the run folders already in ``--out`` and write the tables and plot."""
 
 
 STATS = ("group_variance", "environments", "informative_groups", "mean_reward")
@@ -54,11 +66,19 @@ def run_stats(folder: Path) -> dict[str, float]:
     steps = read_metrics(folder / "metrics.jsonl", "step")
     evals = read_metrics(folder / "metrics.jsonl", "eval")
     out = {k: float(np.mean([s[k] for s in steps])) for k in STATS}
+    out["reward_slope"] = float(scipy.stats.linregress(
+        [s["step"] for s in steps], [s["mean_reward"] for s in steps]).slope) \
+        if len(steps) > 1 else 0.0
     out["last5_reward"] = float(np.mean([s["mean_reward"] for s in steps[-5:]]))
     out["heldout_before"] = evals[0]["heldout_reward"]
     out["heldout_after"] = evals[-1]["heldout_reward"]
     out["heldout_gain"] = out["heldout_after"] - out["heldout_before"]
     out["step_seconds"] = float(np.mean([s["step_seconds"] for s in steps]))
+    probes = read_metrics(folder / "metrics.jsonl", "probe")
+    if probes:
+        out["probe_before"] = probes[0]["probe_reward"]
+        out["probe_after"] = probes[-1]["probe_reward"]
+        out["probe_gain"] = out["probe_after"] - out["probe_before"]
     return out
 
 
@@ -81,14 +101,21 @@ def main(args: Args) -> dict:
                 args.base, seed=seed, steps=args.steps, out=folder,
                 scheduler=dataclasses.replace(args.base.scheduler, name=name),
                 learner=dataclasses.replace(args.base.learner, sft_cache=cache))
-            print(f"== {name}, seed {seed} -> {folder}")
-            train(cfg)
+            if args.report_only:
+                if not (folder / "metrics.jsonl").is_file():
+                    raise FileNotFoundError(f"{folder}: no metrics.jsonl (run it first, without "
+                                            "--report-only)")
+            else:
+                print(f"== {name}, seed {seed} -> {folder}")
+                train(cfg)
             folders[name].append(folder)
     table = {}
     for name, runs in folders.items():
         stats = [run_stats(f) for f in runs]
         table[name] = {k: {"mean": float(np.mean([s[k] for s in stats])),
-                           "std": float(np.std([s[k] for s in stats])),
+                           # sample standard deviation over the seeds (0 for a single seed)
+                           "std": float(np.std([s[k] for s in stats], ddof=1))
+                           if len(stats) > 1 else 0.0,
                            "runs": [s[k] for s in stats]} for k in stats[0]}
     keys = list(next(iter(table.values())))
     with (args.out / "comparison.csv").open("w", newline="") as f:
@@ -115,6 +142,8 @@ def plot(folders: dict[str, list[Path]], out: Path) -> None:
     panels = (("step", "mean_reward", "training reward"), ("eval", "heldout_reward", "held-out reward"),
               ("step", "group_variance", "within-group variance"),
               ("step", "environments", "environments per batch"))
+    if all(read_metrics(f / "metrics.jsonl", "probe") for runs in folders.values() for f in runs):
+        panels += (("probe", "probe_reward", "training-task probe reward"),)
     fig, axes = plt.subplots(1, len(panels), figsize=(17, 3.6))
     for ax, (kind, metric, title) in zip(axes, panels):
         for name, runs in folders.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -86,7 +87,7 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     from envsched_jax.training.loop import train
 
-    summary = train(tiny_config(root / "full", steps=3), progress=lambda *_: None)
+    summary = train(tiny_config(root / "full", steps=3, probe_tasks=3), progress=lambda *_: None)
     return root, summary
 
 
@@ -96,11 +97,25 @@ def test_tiny_run_writes_everything(tiny_run):
     steps = read_metrics(out / "metrics.jsonl", "step")
     evals = read_metrics(out / "metrics.jsonl", "eval")
     assert [s["step"] for s in steps] == [1, 2, 3] and [e["step"] for e in evals] == [0, 2, 3]
+    for e in evals:  # each held-out task's reward, averaging to the logged mean
+        per_task = e["heldout_task_rewards"]
+        heldout = json.loads((out / "run.json").read_text())["split"]["heldout"]
+        assert sorted(per_task) == sorted(heldout)
+        assert np.mean(list(per_task.values())) == pytest.approx(e["heldout_reward"])
     for s in steps:
         assert 0.0 <= s["mean_reward"] <= 1.0 and s["environments"] >= 1
         assert s["sampled_tokens"] > 0 and np.isfinite(s["learner_loss"])
         assert s["rollout_seconds"] > 0 and s["learner_seconds"] > 0
         assert sum(s["end_reasons"].values()) == 4 * 2
+    probes = read_metrics(out / "metrics.jsonl", "probe")
+    assert [p["step"] for p in probes] == [0, 2, 3]
+    train_ids = set(json.loads((out / "run.json").read_text())["split"]["train"])
+    for p in probes:  # the same three training tasks each time, two samples each
+        assert sorted(p["probe_task_rewards"]) == sorted(probes[0]["probe_task_rewards"])
+        assert set(p["probe_task_rewards"]) <= train_ids and len(p["probe_task_rewards"]) == 3
+        assert np.mean(list(p["probe_task_rewards"].values())) == pytest.approx(p["probe_reward"])
+        assert sum(p["probe_end_reasons"].values()) == 3 * 2
+    assert summary["probe_last"] == probes[-1]["probe_reward"]
     assert len(read_metrics(out / "metrics.jsonl", "sft")) == 3
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step_00000001", "step_00000002", "step_00000003"]
@@ -121,7 +136,7 @@ def test_resumed_run_continues_exactly(tiny_run):
     lines = (root / "killed" / "metrics.jsonl").read_text().splitlines()
     kept = [ln for ln in lines if json.loads(ln)["step"] < 3 or json.loads(ln)["kind"] == "sft"]
     (root / "killed" / "metrics.jsonl").write_text("\n".join(kept) + "\n")
-    train(tiny_config(root / "killed", steps=3), progress=lambda *_: None)
+    train(tiny_config(root / "killed", steps=3, probe_tasks=3), progress=lambda *_: None)
     full = read_metrics(root / "full" / "metrics.jsonl", "step")
     resumed = read_metrics(root / "killed" / "metrics.jsonl", "step")
     keys = ("mean_reward", "group_variance", "sampled_tokens", "learner_loss", "learner_grad_norm")
@@ -129,9 +144,30 @@ def test_resumed_run_continues_exactly(tiny_run):
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in full]
     assert read_metrics(root / "killed" / "metrics.jsonl", "eval")[-1]["heldout_reward"] == \
         read_metrics(root / "full" / "metrics.jsonl", "eval")[-1]["heldout_reward"]
+    assert read_metrics(root / "killed" / "metrics.jsonl", "probe")[-1]["probe_task_rewards"] == \
+        read_metrics(root / "full" / "metrics.jsonl", "probe")[-1]["probe_task_rewards"]
     # a run folder holding another run is refused
     with pytest.raises(ValueError, match=r"holds another run \(differs in \['config.scheduler.name'\]"):
-        train(tiny_config(root / "killed", steps=3, scheduler="random"), progress=lambda *_: None)
+        train(tiny_config(root / "killed", steps=3, scheduler="random", probe_tasks=3),
+              progress=lambda *_: None)
+
+
+def test_probe_tasks_are_spread_over_environments_and_fixed_by_the_split_seed():
+    from envsched_jax.training.loop import choose_probe_tasks
+
+    split = split_pool(load_pool("embedded"), 2, 1, seed=0)
+    envs = [e.env_id for e in split.train.environments]
+    chosen = choose_probe_tasks(split.train, 10, seed=0)
+    assert len(chosen) == 10 and len({t.task_id for t in chosen}) == 10
+    # round-robin: the first len(envs) tasks cover every environment once, in pool order
+    assert [t.env_id for t in chosen[:len(envs)]] == envs
+    assert [t.env_id for t in chosen[len(envs):]] == envs[:10 - len(envs)]
+    assert [t.task_id for t in choose_probe_tasks(split.train, 10, seed=0)] == \
+        [t.task_id for t in chosen]
+    assert [t.task_id for t in choose_probe_tasks(split.train, 10, seed=1)] != \
+        [t.task_id for t in chosen]
+    everything = choose_probe_tasks(split.train, 10_000, seed=0)
+    assert sorted(t.task_id for t in everything) == sorted(t.task_id for t in split.train.tasks)
 
 
 def test_tokenizer_corpus_is_not_cut_by_the_runs_token_limits(tmp_path):
@@ -165,14 +201,20 @@ def test_step0_evaluation_of_a_cached_warm_start_is_shared(tmp_path):
         return dataclasses.replace(base, learner=dataclasses.replace(
             base.learner, sft_cache=tmp_path / "cache"))
 
-    train(cfg("a"), progress=lambda *_: None)
+    train(cfg("a", probe_tasks=2), progress=lambda *_: None)
     first = read_metrics(tmp_path / "a" / "metrics.jsonl", "eval")
+    first_probe = read_metrics(tmp_path / "a" / "metrics.jsonl", "probe")
     assert len(first) == 1 and "eval_cached" not in first[0]
+    assert len(first_probe) == 1 and "eval_cached" not in first_probe[0]
     assert (tmp_path / "cache" / "eval_step0.json").is_file()
-    train(cfg("b", scheduler="random", seed=1), progress=lambda *_: None)
+    assert (tmp_path / "cache" / "probe_step0.json").is_file()
+    train(cfg("b", scheduler="random", seed=1, probe_tasks=2), progress=lambda *_: None)
     second = read_metrics(tmp_path / "b" / "metrics.jsonl", "eval")
     assert second[0]["eval_cached"] is True
     assert second[0]["heldout_reward"] == first[0]["heldout_reward"]
+    second_probe = read_metrics(tmp_path / "b" / "metrics.jsonl", "probe")
+    assert second_probe[0]["eval_cached"] is True
+    assert second_probe[0]["probe_task_rewards"] == first_probe[0]["probe_task_rewards"]
     greedy = cfg("c")
     sampled = dataclasses.replace(greedy, rollout=dataclasses.replace(
         greedy.rollout, eval_sampling=dataclasses.replace(greedy.rollout.eval_sampling,
@@ -186,6 +228,39 @@ def test_step0_evaluation_of_a_cached_warm_start_is_shared(tmp_path):
     with pytest.raises(ValueError, match=r"warm_start.json: the cached warm start was made for "
                                          r"another configuration \(differs in \['sft_tasks'\]"):
         train(other, progress=lambda *_: None)
+
+
+def test_a_warm_start_continues_from_a_saved_one(tmp_path):
+    """LearnerSpec.sft_init: the warm start continues a saved policy (its weights and tokenizer)
+    for sft_steps more updates; the new cache's record nests the first one's, and a policy spec
+    of another shape is refused, naming the fields."""
+    import dataclasses
+
+    from envsched_jax.learner import models
+    from envsched_jax.training.loop import train
+
+    def cfg(name, cache, **learner):
+        base = dataclasses.replace(tiny_config(tmp_path / name, steps=0), eval_every=0)
+        return dataclasses.replace(base, learner=dataclasses.replace(
+            base.learner, sft_cache=tmp_path / cache, **learner))
+
+    train(cfg("a", "first"), progress=lambda *_: None)
+    train(cfg("b", "second", sft_init=tmp_path / "first", sft_steps=2), progress=lambda *_: None)
+    assert len(read_metrics(tmp_path / "b" / "metrics.jsonl", "sft")) == 2
+    first = json.loads((tmp_path / "first" / "warm_start.json").read_text())
+    second = json.loads((tmp_path / "second" / "warm_start.json").read_text())
+    assert second["sft_init"] == first and first["sft_init"] is None
+    a, b = models.load_policy(tmp_path / "first"), models.load_policy(tmp_path / "second")
+    assert a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+    from flax import nnx
+    leaves = lambda p: jax.tree_util.tree_leaves(nnx.split(p.model, nnx.Param)[1])  # noqa: E731
+    assert any(not np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))  # it trained on
+    wide = cfg("c", "third", sft_init=tmp_path / "first")
+    wide = dataclasses.replace(wide, policy=dataclasses.replace(wide.policy, hidden_size=64))
+    with pytest.raises(ValueError, match=r"shape differs from the policy spec.*hidden_size"):
+        train(wide, progress=lambda *_: None)
+    with pytest.raises(ValueError, match="not a warm-started policy folder"):
+        train(cfg("d", "fourth", sft_init=tmp_path / "a"), progress=lambda *_: None)
 
 
 def test_sync_every_serves_stale_weights_and_logs_the_lag(tmp_path):
@@ -243,3 +318,34 @@ def test_smollm2_runs_a_few_steps_of_the_documented_accelerator_recipe(tmp_path)
         assert np.isfinite(s["learner_loss"]) and np.isfinite(s["learner_grad_norm"])
     assert read_metrics(tmp_path / "smollm2" / "metrics.jsonl", "eval") == []  # nothing held out
     assert (tmp_path / "smollm2" / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_compare_schedulers_runs_each_scheduler_and_reports_from_the_folders(tmp_path, capsys):
+    """experiments/compare_schedulers.py: every scheduler trains from the one shared warm start
+    (the same step-0 evaluation), the table has each run's statistics, and --report-only
+    rebuilds the same table from the folders without training (and refuses a missing run)."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import compare_schedulers as compare
+
+    base = tiny_config(tmp_path / "unused", steps=0)
+    base = dataclasses.replace(base, learner=dataclasses.replace(base.learner, sft_steps=2))
+    args = compare.Args(schedulers=("envsched", "random"), seeds=(0,), steps=2, base=base,
+                        out=tmp_path / "cmp", shared_warm_start=True)
+    table = compare.main(args)
+    assert set(table) == {"envsched", "random"}
+    for name in table:
+        stats = table[name]
+        assert stats["heldout_before"]["runs"] == table["envsched"]["heldout_before"]["runs"]
+        assert 1 <= stats["environments"]["mean"] <= 4 and np.isfinite(stats["reward_slope"]["mean"])
+        assert len(read_metrics(tmp_path / "cmp" / f"{name}_s0" / "metrics.jsonl", "step")) == 2
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 1000
+    csv_text = (tmp_path / "cmp" / "comparison.csv").read_text()
+    assert "== envsched, seed 0" in capsys.readouterr().out  # the first call trained
+    again = compare.main(dataclasses.replace(args, report_only=True))
+    assert again == table and (tmp_path / "cmp" / "comparison.csv").read_text() == csv_text
+    assert "== " not in capsys.readouterr().out  # the report-only call trained nothing
+    with pytest.raises(FileNotFoundError, match=r"dps_s0: no metrics.jsonl"):
+        compare.main(dataclasses.replace(args, schedulers=("dps",), report_only=True))

@@ -96,6 +96,13 @@ class LearnerSpec:
         ``--steps``), not tied to ``--steps``, so a run resumed with more steps keeps its
         schedule; set both together for a longer run.
       micro_batch_size: gradient-accumulation micro-batch (None: the whole batch).
+      length_grouping: SFT and GRPO updates are accumulated over length-sorted micro-batches of
+        ``micro_batch_size`` rows, each padded to its own power-of-two multiple of
+        ``pad_multiple`` (:mod:`envsched_jax.learner.trainer`), instead of padding every row to
+        the batch's longest: the same update, without paying the longest episode's attention
+        cost on every row (agent episodes here range from a few hundred to 2,048 tokens).
+        Off when ``micro_batch_size`` is None. Measured by
+        ``experiments/bench_length_grouping.py``.
       remat: recompute activations in the backward pass (with ``micro_batch_size``, what lets
         a real model's long agent sequences fit: SmolLM2-135M on 4 sequences of a few thousand
         tokens asked for 44.6 GB at once without either).
@@ -107,6 +114,11 @@ class LearnerSpec:
       sft_cache: a folder for the warm-started policy (safetensors, config, tokenizer): written
         after the warm start, and read instead of warm-starting when it exists, so runs that
         differ only in the scheduler start from the very same policy.
+      sft_init: a warm-started policy folder (one written through ``sft_cache``) that the warm
+        start continues instead of starting from a fresh initialisation: ``sft_steps`` more
+        updates (``sft_optim``'s schedule from its start), with that folder's tokenizer and
+        architecture (the policy spec must agree). Its own record is nested in the new cache's,
+        so a continued warm start is never mistaken for a fresh one.
     """
 
     sft_steps: int = 1200
@@ -116,12 +128,14 @@ class LearnerSpec:
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
         learning_rate=1e-4, warmup_steps=2, total_steps=30))
-    micro_batch_size: int | None = None
+    micro_batch_size: int | None = 4
+    length_grouping: bool = True
     remat: bool = False
     max_length: int = 2048
     pad_multiple: int = 64
     mask_infrastructure_failures: bool = True
     sft_cache: Path | None = None
+    sft_init: Path | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +198,13 @@ class TrainConfig:
       eval_every: steps between held-out evaluations (and before the first step, and at the
         end); 0 disables them.
       resume: continue from the newest checkpoint in ``out`` if there is one.
+      probe_tasks: GRPO-training tasks played at every evaluation (0: none), a fixed choice
+        (round-robin over environments, shuffled by ``pool.seed``, so the same for every run
+        seed and scheduler), each ``probe_samples`` times with the training sampling and fixed
+        seeds: two evaluations then differ only by the weights (common random numbers). It
+        measures what GRPO optimises, the expected reward of sampled episodes on its own tasks,
+        free of which tasks a scheduler happened to pick; logged as kind ``probe``.
+      probe_samples: episodes per probe task.
     """
 
     pool: PoolSplit = dataclasses.field(default_factory=PoolSplit)
@@ -197,6 +218,8 @@ class TrainConfig:
     checkpoint_every: int = 10
     eval_every: int = 5
     resume: bool = True
+    probe_tasks: int = 0
+    probe_samples: int = 2
 
     def __post_init__(self):
         if self.steps < 0:
@@ -205,3 +228,6 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.eval_every < 0:
             raise ValueError(f"TrainConfig.eval_every must be >= 0, got {self.eval_every}")
+        if self.probe_tasks < 0 or self.probe_samples < 1:
+            raise ValueError(f"TrainConfig: probe_tasks must be >= 0 and probe_samples >= 1, got "
+                             f"{self.probe_tasks}, {self.probe_samples}")

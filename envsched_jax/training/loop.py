@@ -26,6 +26,7 @@ read back from the run folder and must match.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -49,7 +50,7 @@ from envsched_jax.rollout.batch import episodes_to_batch, group_episodes, reward
 from envsched_jax.sched import EnvSchedConfig, make_scheduler
 from envsched_jax.training import warm_start
 from envsched_jax.training.config import TrainConfig
-from envsched_jax.training.metrics import MetricsLog, plot_curves
+from envsched_jax.training.metrics import DEFAULT_PANELS, MetricsLog, plot_curves
 
 INFRASTRUCTURE_FAILURES = ("generation_error", "user_error", "agent_error")
 
@@ -111,12 +112,15 @@ def split_pool(pool: Pool, sft_per_env: int, heldout_per_env: int, seed: int) ->
 
 def _trainer_config(cfg: TrainConfig, objective: str) -> TrainerConfig:
     learner = cfg.learner
+    grouping = learner.length_grouping and learner.micro_batch_size is not None
     if objective == "sft":
         return TrainerConfig(objective="sft", micro_batch_size=learner.micro_batch_size,
-                             remat=learner.remat, optim=learner.sft_optim, seed=cfg.seed)
+                             remat=learner.remat, optim=learner.sft_optim, seed=cfg.seed,
+                             length_grouping=grouping, pad_multiple=learner.pad_multiple)
     return TrainerConfig(objective="grpo", micro_batch_size=learner.micro_batch_size,
                          remat=learner.remat, grpo=learner.grpo, optim=learner.optim,
-                         seed=cfg.seed)
+                         seed=cfg.seed, length_grouping=grouping,
+                         pad_multiple=learner.pad_multiple)
 
 
 def make_scheduler_for(cfg: TrainConfig, train_pool: Pool):
@@ -171,23 +175,57 @@ def sync_weights(backend, trainer: Trainer, hf_config: dict, export_dir: Path) -
 
 
 def evaluate(runner: AgentRunner, tasks, seed: int) -> dict[str, Any]:
-    """Play each held-out task once; mean reward and end reasons."""
+    """Play each held-out task once; mean reward, end reasons, and each task's reward (for
+    paired comparisons between evaluations of the same tasks)."""
     episodes = runner.run([(t, 0, seed) for t in tasks])
-    reasons: dict[str, int] = {}
-    for ep in episodes:
-        reasons[ep.end_reason] = reasons.get(ep.end_reason, 0) + 1
     return {"heldout_reward": float(np.mean([ep.reward for ep in episodes])) if episodes else 0.0,
             "heldout_solved": float(np.mean([ep.reward == 1.0 for ep in episodes])) if episodes else 0.0,
-            "heldout_end_reasons": reasons}
+            "heldout_end_reasons": _count_reasons(episodes),
+            "heldout_task_rewards": {t.task_id: float(ep.reward) for t, ep in zip(tasks, episodes)}}
+
+
+PROBE_SEED = 7_919_000_000
+"""Sampling seeds of probe episodes start here: fixed, so that two evaluations of the same probe
+tasks differ only by the weights."""
+
+
+def choose_probe_tasks(train: Pool, count: int, seed: int) -> list:
+    """``count`` GRPO-training tasks, round-robin over the environments (each environment's tasks
+    shuffled by ``seed``), so that the probe covers every environment as evenly as it can."""
+    rng = random.Random(seed)
+    queues = []
+    for env in train.environments:
+        tasks = [t for t in train.tasks if t.env_id == env.env_id]
+        rng.shuffle(tasks)
+        queues.append(tasks)
+    chosen: list = []
+    while len(chosen) < count and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def probe(runner: AgentRunner, tasks, samples: int) -> dict[str, Any]:
+    """Play each probe task ``samples`` times with the runner's (training) sampling and the fixed
+    seeds :data:`PROBE_SEED` + ...; mean reward, share of solved episodes, and each task's mean
+    reward over its samples (for paired comparisons)."""
+    episodes = runner.run([(t, k, PROBE_SEED + i * samples + k)
+                           for i, t in enumerate(tasks) for k in range(samples)])
+    rewards = np.asarray([ep.reward for ep in episodes], np.float64).reshape(len(tasks), samples)
+    return {"probe_reward": float(rewards.mean()), "probe_solved": float(np.mean(rewards == 1.0)),
+            "probe_end_reasons": _count_reasons(episodes),
+            "probe_task_rewards": {t.task_id: float(r) for t, r in zip(tasks, rewards.mean(1))}}
+
+
+def _count_reasons(episodes) -> dict[str, int]:
+    return dict(collections.Counter(ep.end_reason for ep in episodes))
 
 
 def step_statistics(groups, rewards: np.ndarray) -> dict[str, Any]:
     """The paper's per-step statistics and the step's timing of episodes."""
     flat = [ep for g in groups for ep in g]
     walls = sorted(ep.wall_seconds for ep in flat)
-    reasons: dict[str, int] = {}
-    for ep in flat:
-        reasons[ep.end_reason] = reasons.get(ep.end_reason, 0) + 1
     return {
         "mean_reward": float(rewards.mean()),
         "group_variance": float(rewards.var(axis=1).mean()),
@@ -201,7 +239,7 @@ def step_statistics(groups, rewards: np.ndarray) -> dict[str, Any]:
         "episode_seconds_max": walls[-1],
         "generation_seconds": float(sum(ep.generation_seconds for ep in flat)),
         "environment_seconds": float(sum(ep.environment_seconds for ep in flat)),
-        "end_reasons": reasons,
+        "end_reasons": _count_reasons(flat),
     }
 
 
@@ -212,13 +250,23 @@ def _warm_start_record(cfg: TrainConfig, split: Split) -> dict[str, Any]:
     agent = dataclasses.asdict(cfg.rollout.agent)
     agent.pop("sampling", None)  # the warm start samples nothing
     agent.pop("episode_timeout_s", None)
+    agent.pop("reward", None)  # it keeps only reference episodes of full reward under either rule
     learner = cfg.learner
     return json.loads(json.dumps({
         "sft_tasks": split.ids()["sft"], "policy": dataclasses.asdict(cfg.policy),
         "sft_steps": learner.sft_steps, "sft_batch_size": learner.sft_batch_size,
         "sft_optim": dataclasses.asdict(learner.sft_optim), "max_length": learner.max_length,
-        "pad_multiple": learner.pad_multiple, "agent": agent, "pool": cfg.pool.spec},
+        "pad_multiple": learner.pad_multiple, "agent": agent, "pool": cfg.pool.spec,
+        "sft_init": _read_record(Path(learner.sft_init)) if learner.sft_init else None},
         default=str))
+
+
+def _read_record(folder: Path) -> dict[str, Any]:
+    path = folder / "warm_start.json"
+    if not path.is_file():
+        raise ValueError(f"{folder}: not a warm-started policy folder (no warm_start.json); "
+                         "--learner.sft-init takes a folder written through --learner.sft-cache")
+    return json.loads(path.read_text())
 
 
 def _check_warm_start_record(cache: Path, record: dict[str, Any]) -> None:
@@ -247,6 +295,28 @@ def _shared_eval_path(cfg: TrainConfig, split: Split) -> Path | None:
     if cfg.learner.sft_cache is None or not cfg.rollout.eval_sampling.greedy:
         return None
     return Path(cfg.learner.sft_cache) / "eval_step0.json"
+
+
+def _shared_probe_key(cfg: TrainConfig, tasks) -> dict[str, Any]:
+    return json.loads(json.dumps({
+        "tasks": [t.task_id for t in tasks], "samples": cfg.probe_samples,
+        "agent": dataclasses.asdict(cfg.rollout.agent), "sandbox": cfg.rollout.sandbox,
+        "backend": cfg.rollout.backend}, default=str))
+
+
+def _shared_step0(path: Path | None, key: dict[str, Any], compute) -> tuple[dict[str, Any], bool]:
+    """(result, read from the cache): the step-0 evaluation of a cached warm start stored at
+    ``path`` under ``key``, or ``compute()``, stored there (when ``path`` is not None). Every
+    run that reads the same warm start has the same weights, tasks and seeds, so the first one
+    computes it and the others read it."""
+    if path is not None and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return saved["result"], True
+    result = compute()
+    if path is not None:
+        path.write_text(json.dumps({"key": key, "result": result}, indent=2, sort_keys=True) + "\n")
+    return result, False
 
 
 def _latest_checkpoint(folder: Path) -> Path | None:
@@ -305,8 +375,13 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
             tokenizer = policy.tokenizer
             progress(f"warm-started policy read from {cache}")
         else:
-            policy, tokenizer = warm_start.policy_and_tokenizer(cfg, split, workers,
-                                                                out / "tokenizer")
+            if cfg.learner.sft_init is not None:
+                _read_record(Path(cfg.learner.sft_init))  # refuse a folder that is not one
+                policy = warm_start.initial_policy(cfg, Path(cfg.learner.sft_init))
+                tokenizer = policy.tokenizer
+            else:
+                policy, tokenizer = warm_start.policy_and_tokenizer(cfg, split, workers,
+                                                                    out / "tokenizer")
             if latest is None and cfg.learner.sft_steps > 0:
                 model = warm_start.warm_start(cfg, policy, tokenizer, split, workers,
                                               _trainer_config(cfg, "sft"), log, progress)
@@ -336,31 +411,40 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
             stop_token_ids=policy.eos_token_ids)
         in_flight = max(cfg.rollout.workers, 1)
 
+        probe_set = (choose_probe_tasks(split.train, cfg.probe_tasks, cfg.pool.seed)
+                     if cfg.probe_tasks else [])
+
+        def timed(compute):
+            def run() -> dict[str, Any]:
+                t0 = time.perf_counter()
+                result = compute()
+                result["eval_seconds"] = time.perf_counter() - t0
+                return result
+            return run
+
         def run_eval(step: int) -> None:
-            if not cfg.eval_every or split.heldout is None:
+            if not cfg.eval_every:
                 return
-            # The step-0 evaluation of a cached warm start is the same for every run that reads
-            # it (same weights, same held-out tasks, greedy decoding: the seed plays no part), so
-            # the first run that computes it stores it beside the cache and the others read it.
-            shared = _shared_eval_path(cfg, split) if step == 0 else None
-            key = _shared_eval_key(cfg, split)
-            if shared is not None and shared.is_file():
-                saved = json.loads(shared.read_text())
-                if saved.get("key") == key:
-                    result = dict(saved["result"], eval_cached=True)
-                    log.log("eval", step, result)
-                    progress(f"step {step:4d} eval: held-out reward {result['heldout_reward']:.3f} "
-                             f"(solved {result['heldout_solved']:.2f}; read from {shared})")
-                    return
-            t0 = time.perf_counter()
-            result = evaluate(eval_agent, split.heldout.tasks, cfg.seed)
-            result["eval_seconds"] = time.perf_counter() - t0
-            if shared is not None:
-                shared.write_text(json.dumps({"key": key, "result": result}, indent=2,
-                                             sort_keys=True) + "\n")
-            log.log("eval", step, result)
-            progress(f"step {step:4d} eval: held-out reward {result['heldout_reward']:.3f} "
-                     f"(solved {result['heldout_solved']:.2f})")
+            cache = Path(cfg.learner.sft_cache) if cfg.learner.sft_cache is not None else None
+            if split.heldout is not None:
+                result, cached = _shared_step0(
+                    _shared_eval_path(cfg, split) if step == 0 else None,
+                    _shared_eval_key(cfg, split),
+                    timed(lambda: evaluate(eval_agent, split.heldout.tasks, cfg.seed)))
+                log.log("eval", step, dict(result, eval_cached=True) if cached else result)
+                progress(f"step {step:4d} eval: held-out reward {result['heldout_reward']:.3f} "
+                         f"(solved {result['heldout_solved']:.2f})"
+                         + (" [step 0 of the cached warm start]" if cached else ""))
+            if probe_set:
+                result, cached = _shared_step0(
+                    cache / "probe_step0.json" if cache is not None and step == 0 else None,
+                    _shared_probe_key(cfg, probe_set),
+                    timed(lambda: probe(agent, probe_set, cfg.probe_samples)))
+                log.log("probe", step, dict(result, eval_cached=True) if cached else result)
+                progress(f"step {step:4d} probe: training-task reward {result['probe_reward']:.3f} "
+                         f"(solved {result['probe_solved']:.2f}; {len(probe_set)} tasks x "
+                         f"{cfg.probe_samples})" + (" [step 0 of the cached warm start]"
+                                                    if cached else ""))
 
         if start_step == 0:
             run_eval(0)
@@ -413,7 +497,9 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
     summary = summarize(out)
     summary.update(timings)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    plot_curves({cfg.scheduler.name: out / "metrics.jsonl"}, out / "curves.png")
+    panels = DEFAULT_PANELS + ((("probe", "probe_reward", "training-task probe reward"),)
+                               if cfg.probe_tasks else ())
+    plot_curves({cfg.scheduler.name: out / "metrics.jsonl"}, out / "curves.png", panels)
     return summary
 
 
@@ -439,4 +525,7 @@ def summarize(out: Path) -> dict[str, Any]:
         summary.update(heldout_first=evals[0]["heldout_reward"],
                        heldout_last=evals[-1]["heldout_reward"],
                        heldout_best=max(e["heldout_reward"] for e in evals))
+    probes = read_metrics(out / "metrics.jsonl", "probe")
+    if probes:
+        summary.update(probe_first=probes[0]["probe_reward"], probe_last=probes[-1]["probe_reward"])
     return summary

@@ -74,13 +74,17 @@ def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, An
     return sorted(records.values(), key=lambda r: (r["kind"], r["step"]))
 
 
+DEFAULT_PANELS: tuple[tuple[str, str, str], ...] = (
+    ("step", "mean_reward", "training reward (batch mean)"),
+    ("eval", "heldout_reward", "held-out reward"),
+    ("step", "group_variance", "within-group reward variance"),
+    ("step", "environments", "environments per batch"),
+)
+"""(kind, metric, title) of the panels :func:`plot_curves` draws by default."""
+
+
 def plot_curves(runs: Mapping[str, str | Path], out: str | Path,
-                panels: Sequence[tuple[str, str, str]] = (
-                    ("step", "mean_reward", "training reward (batch mean)"),
-                    ("eval", "heldout_reward", "held-out reward"),
-                    ("step", "group_variance", "within-group reward variance"),
-                    ("step", "environments", "environments per batch"),
-                )) -> Path:
+                panels: Sequence[tuple[str, str, str]] = DEFAULT_PANELS) -> Path:
     """One PNG with a panel per ``(kind, metric, title)``; one line per run (label -> its
     ``metrics.jsonl``), or per label prefix's mean over seeds is left to the caller."""
     import matplotlib
@@ -99,7 +103,8 @@ def plot_curves(runs: Mapping[str, str | Path], out: str | Path,
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,23 @@ def policy_and_tokenizer(cfg: TrainConfig, split, workers, tokenizer_dir: Path):
     return policy, tokenizer
 
 
+def initial_policy(cfg: TrainConfig, folder: Path) -> models.Policy:
+    """The policy saved in ``folder`` (``LearnerSpec.sft_init``); for the tiny policy its shape
+    must be the run's policy spec (the spec's vocabulary size is the saved tokenizer's)."""
+    policy = models.load_policy(folder)
+    if policy.tokenizer is None:
+        raise ValueError(f"{folder}: the saved policy has no tokenizer")
+    p, hf = cfg.policy, policy.hf_config
+    if p.source == "tiny":
+        expected = {"hidden_size": p.hidden_size, "num_hidden_layers": p.layers,
+                    "num_attention_heads": p.heads, "intermediate_size": p.intermediate_size}
+        differs = {k: (hf.get(k), v) for k, v in expected.items() if hf.get(k) != v}
+        if differs:
+            raise ValueError(f"{folder}: the saved policy's shape differs from the policy spec "
+                             f"(field: saved, spec): {differs}")
+    return policy
+
+
 def sft_arrays(episodes: list[AgentEpisode], pad_id: int, max_length: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens, attention mask, loss mask), right-padded to the longest (cut at max_length)."""
