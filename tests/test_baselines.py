@@ -14,6 +14,7 @@ from envsched_jax.sched import DPS, DPSConfig, MoPPS, MoPPSConfig, make_schedule
 from envsched_jax.sched import dps as dps_k
 from envsched_jax.sched import leeps as leeps_k
 from envsched_jax.sched import mopps as mopps_k
+from envsched_jax.sched.candidates import candidate_pool
 from envsched_jax.sched.dynamic_sampling import DynamicSamplingConfig, dynamic_sampling, keep_mask
 from envsched_jax.sched.outcomes import informative, solving_state, success_rate
 
@@ -106,7 +107,7 @@ def test_dps_selects_only_from_its_candidate_pool(graph):
     n = graph.num_nodes
     config = DPSConfig(batch_size=B, group_size=K, candidate_ratio=2)
     sched = DPS(graph, config, seed=4)
-    candidates = np.asarray(dps_k.random_candidates(jax.random.fold_in(sched.state.key, 0), n, 2 * B))
+    candidates = np.asarray(candidate_pool(sched.state.key, 0, num_nodes=n, num_candidates=2 * B))
     belief = np.full((n, 3), 1 / 3, np.float32)
     belief[:, 1] = np.linspace(0.1, 0.9, n)   # a strict order: the top B candidates are known
     sched = _with_state(sched, belief=belief)

@@ -10,7 +10,10 @@ Design (our choices, kept inside the scheduler API's strict select(t) / observe(
   t runs ``ids = scheduler.select(t + r)``, ``rewards = rollout_fn(ids)`` and
   ``scheduler.observe(t + r, ids, rewards)``. So the scheduler observes every group it selected
   and that was generated, including the dropped ones: their outcome (all solved / all failed) is
-  exactly what DPS, MoPPS or EnvSched learn from. Further candidates come from the scheduler
+  exactly what DPS, MoPPS or EnvSched learn from (the DPS and MoPPS authors' trainers do the same:
+  their sampler is updated on every generation batch, before the filter, and the next batch takes
+  the loader's next candidate pool, as round r + 1 takes step t + r + 1's pool here). Further
+  candidates come from the scheduler
   itself, not from a random fallback, as when verl's dynamic sampling draws further batches from
   a curriculum sampler. The caller trains on the admitted groups and starts the next gate call at
   ``result.next_step``; scheduler steps therefore count generation rounds, not training steps.

@@ -1,0 +1,69 @@
+"""Candidate pools of the prompt-level baselines (DPS, MoPPS): which k B tasks a step may choose from.
+
+Both authors' trainers (verl forks; DPS ``maoyixiu/DPS`` recipe/dps, MoPPS ``thu-rllab/MoPPS``
+recipe/ours) score one *data-loader batch* per step: the loader's batch size is
+C = min(k B, N), its sampler a seeded shuffle of the whole training set drawn anew at the start of
+every epoch, and ``drop_last=True``. So within an epoch the candidate pools are consecutive,
+disjoint chunks of one permutation, the last N mod C tasks of each epoch are never candidates in
+that epoch, and each epoch reshuffles. When k B >= N (every DPS recipe and MoPPS's countdown and
+geo3k recipes) every step is an epoch whose pool is the whole set, reshuffled.
+
+Two modes, a field of each baseline's config:
+
+- ``"epoch"`` (default, the authors' loader): step t belongs to epoch e = t // E with
+  E = N // C pools per epoch, and takes chunk t mod E of the permutation of epoch e. The
+  permutation is ``jax.random.permutation(fold_in(fold_in(key, EPOCH_STREAM), e), N)``, so the
+  pool of step t is a pure function of the scheduler's key (saved in its checkpoint: the seeded
+  generator) and t, and a restored run draws exactly the pools it would have drawn.
+- ``"per_step"``: an independent random subset of C tasks every step
+  (``permutation(fold_in(key, t), N)[:C]``), this project's behaviour before the authors' loader
+  was matched. Pools of nearby steps overlap and single tasks are re-offered more often; the two
+  modes agree only when k B >= N.
+
+Differences from the authors' loader that remain: the permutations come from JAX's PRNG, not a
+torch generator seeded with 1, so the same seed does not give the authors' order; and the
+scheduler's step counts generation batches, as the authors' loader does (with DAPO-style
+filtering, every generation round takes the next pool, :mod:`envsched_jax.sched.dynamic_sampling`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+CandidateMode = Literal["epoch", "per_step"]
+CANDIDATE_MODES: tuple[str, ...] = ("epoch", "per_step")
+
+EPOCH_STREAM = 0x45504F43
+"""``fold_in`` tag that separates the epoch permutations from the per-step draws of the same key."""
+
+
+def pools_per_epoch(num_nodes: int, num_candidates: int) -> int:
+    """E = N // C: the disjoint pools of one epoch (the loader's ``drop_last=True``)."""
+    if not 1 <= num_candidates <= num_nodes:
+        raise ValueError(f"num_candidates must lie in [1, {num_nodes}], got {num_candidates}")
+    return num_nodes // num_candidates
+
+
+def check_mode(mode: str) -> None:
+    if mode not in CANDIDATE_MODES:
+        raise ValueError(f"candidate_pool must be one of {CANDIDATE_MODES}, got {mode!r}")
+
+
+def candidate_pool(key: jax.Array, step, *, num_nodes: int, num_candidates: int,
+                   mode: CandidateMode = "epoch") -> jax.Array:
+    """The ``num_candidates`` distinct task indices step ``step`` may choose from, in random order.
+
+    Jittable; ``step`` may be traced (``num_nodes``, ``num_candidates`` and ``mode`` are static).
+    """
+    check_mode(mode)
+    if mode == "per_step":
+        return jax.random.permutation(jax.random.fold_in(key, step), num_nodes)[:num_candidates]
+    per_epoch = pools_per_epoch(num_nodes, num_candidates)
+    step = jnp.asarray(step, jnp.int32)
+    epoch, position = step // per_epoch, step % per_epoch
+    order = jax.random.permutation(jax.random.fold_in(jax.random.fold_in(key, EPOCH_STREAM), epoch),
+                                   num_nodes)
+    return jax.lax.dynamic_slice(order, (position * num_candidates,), (num_candidates,))
