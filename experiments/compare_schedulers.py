@@ -22,6 +22,15 @@ not comparable across schedulers as a learning measure); ``last5_reward``; and t
 reward (the same tasks, greedy) at the first and last evaluation and their difference; with
 ``--base.probe-tasks``, the same for the training-task probe (``probe_before``, ``probe_after``,
 ``probe_gain``: the same training tasks for every run, sampled with fixed seeds).
+
+Paired per-task figures (``paired.json``, printed after the table): the held-out evaluation and
+the probe score the same tasks in every run, so each run's first and last per-task rewards are
+paired: tasks up / down and the Wilcoxon signed-rank p-value (``scipy.stats.wilcoxon``, two-sided,
+tasks with no change dropped as Wilcoxon's rule does; p = 1 when no task changed). Each scheduler
+after the first is also compared with the first on the last evaluation's per-task rewards averaged
+over the seeds (tasks up / down against the first scheduler, mean difference, Wilcoxon p). The
+seeds share a warm start only with ``--shared-warm-start``; otherwise per-task means still pair
+by task but mix warm starts.
 """
 
 from __future__ import annotations
@@ -82,6 +91,47 @@ def run_stats(folder: Path) -> dict[str, float]:
     return out
 
 
+TASK_REWARDS = {"eval": "heldout_task_rewards", "probe": "probe_task_rewards"}
+
+
+def paired_change(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Tasks up / down from ``before`` to ``after`` (the same task ids) and the two-sided Wilcoxon
+    signed-rank p-value of the per-task differences (1.0 when no task changed)."""
+    if set(before) != set(after):
+        raise ValueError(f"paired per-task rewards need the same tasks: {len(before)} vs "
+                         f"{len(after)} task ids, {len(set(before) ^ set(after))} not in both")
+    diff = np.array([after[t] - before[t] for t in sorted(before)])
+    changed = np.abs(diff) > 1e-9
+    p = float(scipy.stats.wilcoxon(diff[changed]).pvalue) if changed.any() else 1.0
+    return {"tasks": int(diff.size), "up": int((diff > 1e-9).sum()),
+            "down": int((diff < -1e-9).sum()), "mean_diff": float(diff.mean()), "p": p}
+
+
+def paired_report(folders: dict[str, list[Path]]) -> dict:
+    """Per run: first -> last per-task change of the held-out evaluation and the probe. Per
+    scheduler after the first: its seed-mean last per-task rewards against the first's."""
+    report: dict = {"runs": {}, "against_" + next(iter(folders)): {}}
+    last: dict[str, dict[str, dict[str, float]]] = {}
+    for name, runs in folders.items():
+        for kind, key in TASK_REWARDS.items():
+            records = [read_metrics(f / "metrics.jsonl", kind) for f in runs]
+            if not all(records):
+                continue
+            for folder, recs in zip(runs, records):
+                report["runs"].setdefault(folder.name, {})[kind] = paired_change(
+                    recs[0][key], recs[-1][key])
+            tasks = sorted(records[0][-1][key])
+            last.setdefault(name, {})[kind] = {
+                t: float(np.mean([recs[-1][key][t] for recs in records])) for t in tasks}
+    first = next(iter(folders))
+    for name in list(folders)[1:]:
+        for kind in last.get(name, {}):
+            if kind in last.get(first, {}):
+                report["against_" + first].setdefault(name, {})[kind] = paired_change(
+                    last[first][kind], last[name][kind])
+    return report
+
+
 def mean_curves(folders: list[Path], kind: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
     series = [[r[metric] for r in read_metrics(f / "metrics.jsonl", kind)] for f in folders]
     n = min(len(s) for s in series)
@@ -124,12 +174,23 @@ def main(args: Args) -> dict:
         for name, stats in table.items():
             writer.writerow([name, *[f"{stats[k][m]:.4f}" for k in keys for m in ("mean", "std")]])
     (args.out / "comparison.json").write_text(json.dumps(table, indent=2) + "\n")
+    paired = paired_report(folders)
+    (args.out / "paired.json").write_text(json.dumps(paired, indent=2) + "\n")
     plot(folders, args.out / "comparison.png")
     width = max(len(n) for n in table)
     print(f"{'scheduler':{width}}  " + "  ".join(f"{k:>20}" for k in keys))
     for name, stats in table.items():
         print(f"{name:{width}}  " + "  ".join(
             f"{stats[k]['mean']:>12.4f} +- {stats[k]['std']:.3f}" for k in keys))
+    label = {"eval": "held-out", "probe": "probe"}
+    print("per task, first -> last evaluation (up / down, Wilcoxon p):")
+    for run, kinds in paired["runs"].items():
+        print(f"  {run}: " + "; ".join(f"{label[k]} {c['up']} up / {c['down']} down, p = {c['p']:.3g}"
+                                       for k, c in kinds.items()))
+    for name, kinds in paired["against_" + next(iter(folders))].items():
+        print(f"  {name} vs {next(iter(folders))}, last evaluation, seed means per task: " + "; ".join(
+            f"{label[k]} {c['up']} higher / {c['down']} lower, mean {c['mean_diff']:+.4f}, "
+            f"p = {c['p']:.3g}" for k, c in kinds.items()))
     return table
 
 

@@ -360,3 +360,18 @@ def test_mopps_recipes(graph, tmp_path):
     node = sched._index[ids[0]]
     assert float(sched.state.alpha[node]) == float(np.asarray(
         MoPPS(graph, batch_size=2, group_size=4, recipe="math_init", init_scores=str(scores)).state.alpha)[node]) + 2
+
+
+@pytest.mark.parametrize("mode", ["epoch", "per_step"])
+def test_pool_cache_gives_exactly_the_candidate_pools_and_follows_a_new_key(mode):
+    """PoolCache (one permutation per epoch, shared by a step's select and observe) returns the
+    same pools as candidate_pool over several epochs, also when steps are asked out of order or
+    again, and redraws when the key changes (a restored checkpoint)."""
+    from envsched_jax.sched.candidates import PoolCache
+
+    n, c = 50, 8  # 6 pools per epoch, 2 tasks dropped per epoch
+    cache = PoolCache(n, c, mode)
+    for key in (jax.random.PRNGKey(3), jax.random.PRNGKey(4)):
+        for t in [0, 1, 5, 6, 7, 13, 13, 2, 20]:
+            expected = np.asarray(candidate_pool(key, t, num_nodes=n, num_candidates=c, mode=mode))
+            np.testing.assert_array_equal(np.asarray(cache(key, t)), expected)

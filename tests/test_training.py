@@ -349,3 +349,28 @@ def test_compare_schedulers_runs_each_scheduler_and_reports_from_the_folders(tmp
     assert "== " not in capsys.readouterr().out  # the report-only call trained nothing
     with pytest.raises(FileNotFoundError, match=r"dps_s0: no metrics.jsonl"):
         compare.main(dataclasses.replace(args, schedulers=("dps",), report_only=True))
+    paired = json.loads((tmp_path / "cmp" / "paired.json").read_text())
+    assert set(paired["runs"]) == {"envsched_s0", "random_s0"}
+    heldout = read_metrics(tmp_path / "cmp" / "random_s0" / "metrics.jsonl", "eval")
+    assert paired["runs"]["random_s0"]["eval"]["tasks"] == len(heldout[0]["heldout_task_rewards"])
+    assert set(paired["against_envsched"]) == {"random"}
+
+
+def test_paired_per_task_change_matches_hand_computed_wilcoxon():
+    """compare_schedulers.paired_change: six tasks all up gives the exact two-sided signed-rank
+    p = 2 / 2**6; unchanged tasks are dropped; no change at all gives p = 1; mismatched ids
+    are refused."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import compare_schedulers as compare
+
+    before = {f"t{i}": 0.1 * i for i in range(8)}
+    after = {t: r + (0.05 * (i + 1) if i < 6 else 0.0) for i, (t, r) in enumerate(before.items())}
+    out = compare.paired_change(before, after)
+    assert (out["tasks"], out["up"], out["down"]) == (8, 6, 0)
+    assert out["p"] == pytest.approx(2 / 2**6)
+    assert out["mean_diff"] == pytest.approx(sum(0.05 * (i + 1) for i in range(6)) / 8)
+    assert compare.paired_change(before, before)["p"] == 1.0
+    with pytest.raises(ValueError, match="same tasks"):
+        compare.paired_change(before, {"t0": 0.0})

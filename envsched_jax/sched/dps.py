@@ -84,7 +84,7 @@ from flax import struct
 
 from envsched_jax.graph.build import PoolGraph
 from envsched_jax.sched.base import Scheduler, register_scheduler
-from envsched_jax.sched.candidates import CandidateMode, candidate_pool, check_mode
+from envsched_jax.sched.candidates import CandidateMode, PoolCache, candidate_pool, check_mode
 from envsched_jax.sched.outcomes import PARTIAL, SOLVED, SUCCESS_THRESHOLD, UNSOLVED, success_rate
 from envsched_jax.sched.pytree_state import load_state_arrays, state_arrays
 
@@ -221,10 +221,15 @@ STRATEGY_STREAM = 0x53545241
 
 @functools.partial(jax.jit, static_argnames=("batch_size", "num_candidates", "strategy", "mode"))
 def select(state: DPSState, step, *, batch_size: int, num_candidates: int, strategy: str = "topk",
-           entropy_weight=0.0, mode: str = "epoch") -> jax.Array:
-    """B tasks of the step's candidate pool by ``strategy`` (module docstring). [B]."""
-    candidates = candidate_pool(state.key, step, num_nodes=state.belief.shape[0],
-                                num_candidates=num_candidates, mode=mode)
+           entropy_weight=0.0, mode: str = "epoch", candidates: jax.Array | None = None) -> jax.Array:
+    """B tasks of the step's candidate pool by ``strategy`` (module docstring). [B].
+
+    ``candidates``: the step's pool when the caller has drawn it already (it must equal
+    ``candidate_pool(state.key, step, ...)``; the scheduler object passes its
+    :class:`~envsched_jax.sched.candidates.PoolCache`'s); None draws it here."""
+    if candidates is None:
+        candidates = candidate_pool(state.key, step, num_nodes=state.belief.shape[0],
+                                    num_candidates=num_candidates, mode=mode)
     if strategy == "uniform":
         key = jax.random.fold_in(jax.random.fold_in(state.key, STRATEGY_STREAM), step)
         return jax.random.permutation(key, candidates)[:batch_size]
@@ -242,17 +247,19 @@ def group_states(rewards: jax.Array, metric: str, success_threshold: float) -> j
 
 @functools.partial(jax.jit, static_argnames=("config", "num_candidates"))
 def observe(state: DPSState, nodes: jax.Array, rewards: jax.Array, step=0, *, config: DPSConfig,
-            num_candidates: int | None = None) -> DPSState:
+            num_candidates: int | None = None, candidates: jax.Array | None = None) -> DPSState:
     """One DPS update, given the groups ``rewards`` [B, K] of the tasks ``nodes`` [B] selected at
-    ``step`` from a pool of ``num_candidates`` (None: every task is tracked)."""
+    ``step`` from a pool of ``num_candidates`` (None: every task is tracked); ``candidates`` as
+    in :func:`select`."""
     if config.no_update:
         return state
     n = state.alpha.shape[0]
     if num_candidates is None:
         tracked = jnp.ones(n, bool)
     else:
-        candidates = candidate_pool(state.key, step, num_nodes=n, num_candidates=num_candidates,
-                                    mode=config.candidate_pool)
+        if candidates is None:
+            candidates = candidate_pool(state.key, step, num_nodes=n, num_candidates=num_candidates,
+                                        mode=config.candidate_pool)
         tracked = state.tracked.at[candidates].set(True).at[nodes].set(True)
     z = group_states(rewards, config.metric, config.success_threshold)
     selected = jnp.zeros(n, bool).at[nodes].set(True)
@@ -301,16 +308,18 @@ class DPS(Scheduler):
         self.config = config
         self.num_candidates = min(config.candidate_ratio * config.batch_size, self.num_nodes)
         self.state = init_state(self.num_nodes, config, jax.random.PRNGKey(seed))
+        self._pools = PoolCache(self.num_nodes, self.num_candidates, config.candidate_pool)
 
     def _select(self, step):
         nodes = select(self.state, step, batch_size=self.batch_size, num_candidates=self.num_candidates,
                        strategy=self.config.strategy, entropy_weight=self.config.entropy_weight,
-                       mode=self.config.candidate_pool)
+                       mode=self.config.candidate_pool, candidates=self._pools(self.state.key, step))
         return np.asarray(nodes), ["dps"] * self.batch_size, None, {}
 
     def _observe(self, step, nodes, rewards):
         self.state = observe(self.state, jnp.asarray(nodes, jnp.int32), jnp.asarray(rewards, jnp.float32),
-                             step, config=self.config, num_candidates=self.num_candidates)
+                             step, config=self.config, num_candidates=self.num_candidates,
+                             candidates=self._pools(self.state.key, step))
 
     def _state_arrays(self):
         return state_arrays(self.state)

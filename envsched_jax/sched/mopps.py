@@ -85,7 +85,7 @@ from flax import struct
 
 from envsched_jax.graph.build import PoolGraph
 from envsched_jax.sched.base import Scheduler, register_scheduler
-from envsched_jax.sched.candidates import CandidateMode, candidate_pool, check_mode
+from envsched_jax.sched.candidates import CandidateMode, PoolCache, candidate_pool, check_mode
 from envsched_jax.sched.errors import SchedulerInputError
 from envsched_jax.sched.outcomes import SUCCESS_THRESHOLD, success_rate
 from envsched_jax.sched.pytree_state import load_state_arrays, state_arrays
@@ -188,10 +188,15 @@ SAMPLE_STREAM = 0x54484F4D
 
 @functools.partial(jax.jit, static_argnames=("batch_size", "num_candidates", "strategy", "mode"))
 def select(state: MoPPSState, step, *, batch_size: int, num_candidates: int, strategy: str = "topk",
-           target=0.5, lower=0.3, upper=0.7, mode: str = "epoch") -> jax.Array:
-    """B tasks of the step's candidate pool by ``strategy`` on Thompson samples. [B]."""
-    candidates = candidate_pool(state.key, step, num_nodes=state.alpha.shape[0],
-                                num_candidates=num_candidates, mode=mode)
+           target=0.5, lower=0.3, upper=0.7, mode: str = "epoch",
+           candidates: jax.Array | None = None) -> jax.Array:
+    """B tasks of the step's candidate pool by ``strategy`` on Thompson samples. [B].
+
+    ``candidates``: the step's pool when the caller has drawn it already (it must equal
+    ``candidate_pool(state.key, step, ...)``); None draws it here."""
+    if candidates is None:
+        candidates = candidate_pool(state.key, step, num_nodes=state.alpha.shape[0],
+                                    num_candidates=num_candidates, mode=mode)
     key_sample, key_order = jax.random.split(
         jax.random.fold_in(jax.random.fold_in(state.key, SAMPLE_STREAM), step))
     if strategy == "uniform":
@@ -295,6 +300,7 @@ class MoPPS(Scheduler):
         super().__init__(graph, config.batch_size, config.group_size, tools_per_env)
         self.config = config
         self.num_candidates = min(config.candidate_ratio * config.batch_size, self.num_nodes)
+        self._pools = PoolCache(self.num_nodes, self.num_candidates, config.candidate_pool)
         state = init_state(self.num_nodes, jax.random.PRNGKey(seed))
         alpha, beta = np.asarray(state.alpha).copy(), np.asarray(state.beta).copy()
         updates = {}
@@ -312,7 +318,8 @@ class MoPPS(Scheduler):
         c = self.config
         nodes = np.asarray(select(self.state, step, batch_size=self.batch_size,
                                   num_candidates=self.num_candidates, strategy=c.strategy,
-                                  target=c.target, lower=c.lower, upper=c.upper, mode=c.candidate_pool))
+                                  target=c.target, lower=c.lower, upper=c.upper, mode=c.candidate_pool,
+                                  candidates=self._pools(self.state.key, step)))
         a, b = np.asarray(self.state.alpha)[nodes], np.asarray(self.state.beta)[nodes]
         mean = a / (a + b)
         return nodes, ["mopps"] * self.batch_size, (mean * (1 - mean)).astype(float).tolist(), {}
