@@ -110,7 +110,8 @@ def paired_change(before: dict[str, float], after: dict[str, float]) -> dict[str
 def paired_report(folders: dict[str, list[Path]]) -> dict:
     """Per run: first -> last per-task change of the held-out evaluation and the probe. Per
     scheduler after the first: its seed-mean last per-task rewards against the first's."""
-    report: dict = {"runs": {}, "against_" + next(iter(folders)): {}}
+    first = next(iter(folders))
+    report: dict = {"runs": {}, "against_" + first: {}}
     last: dict[str, dict[str, dict[str, float]]] = {}
     for name, runs in folders.items():
         for kind, key in TASK_REWARDS.items():
@@ -123,7 +124,6 @@ def paired_report(folders: dict[str, list[Path]]) -> dict:
             tasks = sorted(records[0][-1][key])
             last.setdefault(name, {})[kind] = {
                 t: float(np.mean([recs[-1][key][t] for recs in records])) for t in tasks}
-    first = next(iter(folders))
     for name in list(folders)[1:]:
         for kind in last.get(name, {}):
             if kind in last.get(first, {}):
@@ -187,8 +187,9 @@ def main(args: Args) -> dict:
     for run, kinds in paired["runs"].items():
         print(f"  {run}: " + "; ".join(f"{label[k]} {c['up']} up / {c['down']} down, p = {c['p']:.3g}"
                                        for k, c in kinds.items()))
-    for name, kinds in paired["against_" + next(iter(folders))].items():
-        print(f"  {name} vs {next(iter(folders))}, last evaluation, seed means per task: " + "; ".join(
+    first = next(iter(folders))
+    for name, kinds in paired["against_" + first].items():
+        print(f"  {name} vs {first}, last evaluation, seed means per task: " + "; ".join(
             f"{label[k]} {c['up']} higher / {c['down']} lower, mean {c['mean_diff']:+.4f}, "
             f"p = {c['p']:.3g}" for k, c in kinds.items()))
     return table
