@@ -51,6 +51,9 @@ class GraphBuild:
     """Replace an existing output directory."""
     drop_invalid: bool = False
     """Leave out invalid records (each is listed) instead of failing."""
+    extractions: Path | None = None
+    """An operation-extraction file of this pool (experiments/extract_operations.py) to use
+    instead of the static extractor."""
 
 
 Command = Union[
@@ -116,7 +119,16 @@ def graph_build(args: GraphBuild, console: Console) -> int:
     if pool is None:
         return 1
     console.print(f"building graph of {pool.name}: {pool.num_tasks} nodes, {pool.num_environments} environments")
-    graph = build_graph(pool, args.config, progress=True)
+    extractions = None
+    if args.extractions is not None:
+        from envsched_jax.graph.llm_extract import load_extractions
+
+        try:
+            extractions = load_extractions(args.extractions, pool)
+        except ValueError as err:
+            console.print(f"[red]{err}[/red]")
+            return 1
+    graph = build_graph(pool, args.config, progress=True, extractions=extractions)
     try:
         save_graph(graph, args.out, overwrite=args.overwrite)
     except GraphArtefactError as err:

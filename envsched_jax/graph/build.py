@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.utils.extmath import safe_sparse_dot
 
-from envsched_jax.graph.extract import analyse_environment, extract
+from envsched_jax.graph.extract import Extraction, analyse_environment, extract
 from envsched_jax.graph.views import VIEW_NAMES, NodeViews, node_views
 from envsched_jax.pool.model import Pool
 
@@ -305,18 +305,27 @@ def _cross_candidates_blocked(abstract: sp.csr_matrix, env_index: np.ndarray, m:
     return idx, val
 
 
-def pool_views(pool: Pool, progress: bool = False) -> list[NodeViews]:
-    """Extract every task's structure and render its views (environment analysis is shared)."""
+def pool_views(pool: Pool, progress: bool = False,
+               extractions: Sequence[Extraction] | None = None) -> list[NodeViews]:
+    """Extract every task's structure and render its views (environment analysis is shared).
+    ``extractions``: one per task in pool order (e.g. the LLM extractor's,
+    :mod:`envsched_jax.graph.llm_extract`) instead of the static extractor's."""
+    if extractions is not None:
+        if len(extractions) != pool.num_tasks:
+            raise ValueError(f"pool_views: {len(extractions)} extractions for {pool.num_tasks} tasks")
+        return [node_views(task, e) for task, e in zip(pool.tasks, extractions)]
     tool_info = {env.env_id: analyse_environment(env) for env in pool.environments}
     return [node_views(task, extract(pool.environment(task.env_id), task, tool_info[task.env_id]))
             for task in _progress(pool.tasks, "extracting operations", pool.num_tasks, progress)]
 
 
-def build_graph(pool: Pool, config: GraphConfig = GraphConfig(), *, progress: bool = False) -> PoolGraph:
-    """Build the static graph of ``pool`` (see the module docstring)."""
+def build_graph(pool: Pool, config: GraphConfig = GraphConfig(), *, progress: bool = False,
+                extractions: Sequence[Extraction] | None = None) -> PoolGraph:
+    """Build the static graph of ``pool`` (see the module docstring); ``extractions`` replaces
+    the static extractor's output (see :func:`pool_views`)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    views = pool_views(pool, progress)
+    views = pool_views(pool, progress, extractions)
     timings["extract"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
