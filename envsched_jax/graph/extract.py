@@ -41,8 +41,8 @@ import ast
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from envsched_jax.pool.model import Environment, Task, tool_function, tool_name
 
@@ -101,7 +101,7 @@ def split_identifier(name: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment-level analysis (cached per environment)
+# Environment-level analysis (cached per class source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +114,7 @@ class ToolInfo:
     writes: frozenset[str]          # self attributes the implementation writes
     guard_kinds: frozenset[str]     # gate types its failure guards imply
     lookup_kind: str                # entity_by_name / entity_by_id / entity_list / none
+    control: bool = False           # hands the conversation over or ends it (module docstring)
 
 
 def _family_from_name(name: str) -> str:
@@ -126,6 +127,112 @@ def _family_from_name(name: str) -> str:
         if w in _VERBS:
             return _VERBS[w]
     return "other"
+
+
+# Control tools: the name hands the conversation to someone else or ends it.
+_HANDOFF_VERBS = frozenset({"transfer", "escalate", "handoff", "handover", "hand", "forward", "route",
+                            "connect", "redirect"})
+_HANDOFF_TARGETS = frozenset({"human", "humans", "agent", "agents", "supervisor", "supervisors",
+                              "operator", "operators", "representative", "representatives", "rep",
+                              "reps", "live"})
+_END_VERBS = frozenset({"end", "terminate", "finish", "close", "stop", "quit", "exit", "conclude",
+                        "done"})
+_CONVERSATION = frozenset({"conversation", "session", "chat", "episode", "task", "dialog", "dialogue",
+                           "interaction", "call"})
+_FILLER = frozenset({"to", "the", "a", "an", "this", "current", "with", "off", "over"})
+
+
+def _is_control_name(name: str) -> bool:
+    words = split_identifier(name)
+    if not words:
+        return False
+    vocabulary = set(words)
+    if vocabulary & _HANDOFF_VERBS and vocabulary <= _HANDOFF_VERBS | _HANDOFF_TARGETS | _CONVERSATION | _FILLER:
+        bare_handoff = ("handoff" in vocabulary or "handover" in vocabulary
+                        or ("hand" in vocabulary and vocabulary & {"off", "over"}))
+        return bool(vocabulary & (_HANDOFF_TARGETS | _CONVERSATION)) or bare_handoff
+    if vocabulary & _END_VERBS and vocabulary <= _END_VERBS | _CONVERSATION | _FILLER:
+        return bool(vocabulary & _CONVERSATION) or len(words) == 1
+    return False
+
+
+class _Ref(NamedTuple):
+    """What an expression may refer to (flow-insensitively): ``obj`` the roots of the object
+    itself, ``elem`` the roots of the elements of a fresh container built from such objects
+    (``[o for o in self.orders.values()]``: appending to it writes nothing, writing into one of
+    its elements writes ``orders``). A root is a ``self`` attribute name or ``@p`` for parameter
+    ``p`` of the method (bound at each call site)."""
+
+    obj: frozenset[str] = frozenset()
+    elem: frozenset[str] = frozenset()
+
+
+_NOTHING = _Ref()
+
+
+def _union(refs: Iterable[_Ref]) -> _Ref:
+    obj: set[str] = set()
+    elem: set[str] = set()
+    for r in refs:
+        obj |= r.obj
+        elem |= r.elem
+    return _Ref(frozenset(obj), frozenset(elem))
+
+
+def _element(r: _Ref) -> _Ref:
+    """A part of ``r`` (subscript, attribute, iteration item, ``.get``/``.values()`` result)."""
+    return _Ref(r.obj | r.elem) if r.elem else r
+
+
+def _fresh(r: _Ref) -> _Ref:
+    """A new container holding ``r``'s object or its elements (``list(x)``, ``x.copy()``)."""
+    return _Ref(frozenset(), r.obj | r.elem)
+
+
+_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "add", "discard",
+             "setdefault", "popitem", "sort", "reverse", "__setitem__", "__delitem__"}
+# Methods whose result is a new object sharing nothing with the receiver, or a copy of it.
+_NON_ALIASING = {"keys", "count", "index", "__len__", "__contains__"}
+_COPYING = {"copy"}
+# Builtins returning a new container of their argument's elements, or one element of it.
+_CONTAINER_CALLS = {"list", "tuple", "set", "frozenset", "dict", "sorted", "reversed", "filter",
+                    "iter", "enumerate", "zip"}
+_ELEMENT_CALLS = {"next", "max", "min"}
+_MAX_ALIAS_PASSES = 12
+_MAX_SUMMARY_PASSES = 32
+
+
+@dataclasses.dataclass
+class _MethodAst:
+    """What the analysis reads of one method, gathered once per class source."""
+
+    positional: tuple[str, ...]     # parameters a call binds by position (self excluded)
+    keyword: tuple[str, ...]        # keyword-only parameters
+    vararg: str | None
+    kwarg: str | None
+    is_property: bool
+    bindings: list[tuple[ast.expr, ast.expr, bool]]  # (target, value, target is an element of value)
+    mutated: list[ast.expr]         # objects changed in place (``x`` of ``x[k] = v``, ``x.append``)
+    attr_writes: list[tuple[str, bool]]  # direct ``self.X = ...``: (X, value is a bool/None constant)
+    self_calls: list[tuple[str, ast.Call]]  # ``self.m(...)`` of methods of the source
+    returns: list[ast.expr]
+    guards: list[ast.If]            # ``if`` statements whose body returns a failure
+    depends: bool                   # reads another method's summary (calls or properties)
+
+
+class _Summary(NamedTuple):
+    writes: frozenset[str] = frozenset()   # roots written other than flag constants
+    flags: frozenset[str] = frozenset()    # self attributes set to a bool/None constant
+    returns: _Ref = _NOTHING
+
+
+class _MethodFacts(NamedTuple):
+    writes: frozenset[str]          # self attributes written, directly or through helpers
+    flags: frozenset[str]           # those of them only ever set to a bool/None constant
+    guards: frozenset[str]
+
+
+_NO_FACTS = _MethodFacts(frozenset(), frozenset(), frozenset())
 
 
 def _method_bodies(source: str | None) -> dict[str, ast.FunctionDef]:
@@ -144,37 +251,328 @@ def _method_bodies(source: str | None) -> dict[str, ast.FunctionDef]:
     return out
 
 
-_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "add", "discard",
-             "setdefault", "popitem"}
+def _is_flag_value(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, bool))
 
 
-def _root(node: ast.AST, aliases: Mapping[str, str]) -> str | None:
-    """Attribute X when ``node`` is ``self.X[...]...`` or a local alias of (part of) ``self.X``."""
-    while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            return node.attr
-        node = node.func if isinstance(node, ast.Call) else node.value
-    if isinstance(node, ast.Name):
-        return aliases.get(node.id)
-    return None
+def _constant_str(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-def _aliases(nodes: Sequence[ast.AST]) -> dict[str, str]:
-    """Local names bound to parts of ``self`` state (``p = self.projects[pid]``,
-    ``for other in self.projects.values()``), so that writes through them count as writes."""
-    aliases: dict[str, str] = {}
-    bindings = [(node.value, node.targets) if isinstance(node, ast.Assign) else (node.iter, [node.target])
-                for node in nodes if isinstance(node, (ast.Assign, ast.For, ast.comprehension))]
-    for _ in range(2):  # a second pass catches aliases of aliases
-        for value, targets in bindings:
-            root = _root(value, aliases)
-            if root is None:
-                continue
-            for target in targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        aliases[name.id] = root
-    return aliases
+def _self_names(bindings: Sequence[tuple[ast.expr, ast.expr, bool]]) -> frozenset[str]:
+    """``self`` and the local names bound to it (``s = self``)."""
+    names = {"self"}
+    for _ in range(3):
+        for target, value, element in bindings:
+            if (not element and isinstance(target, ast.Name) and isinstance(value, ast.Name)
+                    and value.id in names):
+                names.add(target.id)
+    return frozenset(names)
+
+
+def _gather(fn: ast.FunctionDef, method_names: frozenset[str]) -> _MethodAst:
+    decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in fn.decorator_list}
+    a = fn.args
+    positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+    if "staticmethod" not in decorators:
+        positional = positional[1:]
+    nodes = list(ast.walk(fn))
+    bindings: list[tuple[ast.expr, ast.expr, bool]] = []
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            bindings.extend((t, node.value, False) for t in node.targets)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            bindings.append((node.target, node.value, False))
+        elif isinstance(node, ast.NamedExpr):
+            bindings.append((node.target, node.value, False))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            bindings.append((node.target, node.iter, True))
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            bindings.extend((item.optional_vars, item.context_expr, False) for item in node.items
+                            if item.optional_vars is not None)
+    selves = _self_names(bindings)
+
+    def is_self(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in selves
+
+    mutated: list[ast.expr] = []
+    attr_writes: list[tuple[str, bool]] = []
+    self_calls: list[tuple[str, ast.Call]] = []
+    returns: list[ast.expr] = []
+    guards: list[ast.If] = []
+    depends = False
+
+    def store(target: ast.expr, value: ast.AST | None) -> None:
+        """A store into ``target``; rebinding a plain local name is not a write to state."""
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                store(t, None)
+        elif isinstance(target, ast.Starred):
+            store(target.value, None)
+        elif isinstance(target, ast.Attribute) and is_self(target.value):
+            attr_writes.append((target.attr, _is_flag_value(value)))
+        elif isinstance(target, (ast.Attribute, ast.Subscript)):
+            mutated.append(target.value)
+
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                store(t, node.value)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            store(node.target, node.value)
+        elif isinstance(node, (ast.AugAssign, ast.Delete)):
+            for t in (node.targets if isinstance(node, ast.Delete) else [node.target]):
+                store(t, None)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and is_self(func.value):
+                if func.attr in method_names:
+                    self_calls.append((func.attr, node))
+            elif isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
+                mutated.append(func.value)
+            elif (isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and len(node.args) >= 2):
+                attr = _constant_str(node.args[1])
+                if is_self(node.args[0]):
+                    if attr is not None:
+                        value = node.args[2] if func.id == "setattr" and len(node.args) > 2 else None
+                        attr_writes.append((attr, _is_flag_value(value)))
+                else:
+                    mutated.append(node.args[0])
+        elif isinstance(node, ast.Return) and node.value is not None:
+            returns.append(node.value)
+        elif isinstance(node, ast.If) and _returns_failure(node.body):
+            guards.append(node)
+        if isinstance(node, ast.Attribute) and is_self(node.value) and node.attr in method_names:
+            depends = True
+    return _MethodAst(tuple(positional), tuple(p.arg for p in a.kwonlyargs),
+                      a.vararg.arg if a.vararg else None, a.kwarg.arg if a.kwarg else None,
+                      "property" in decorators, bindings, mutated, attr_writes, self_calls, returns,
+                      guards, depends)
+
+
+class _Evaluator:
+    """Alias resolution inside one method, given the current summaries of the others."""
+
+    def __init__(self, method: _MethodAst, methods: Mapping[str, _MethodAst],
+                 summaries: Mapping[str, _Summary]):
+        self.methods = methods
+        self.summaries = summaries
+        params = [*method.positional, *method.keyword, method.vararg, method.kwarg]
+        self.env: dict[str, _Ref] = {p: _Ref(frozenset({"@" + p})) for p in params if p}
+        self.selves = _self_names(method.bindings)
+        self.changed = False
+        for _ in range(_MAX_ALIAS_PASSES):
+            self.changed = False
+            for target, value, element in method.bindings:
+                self.bind(target, value, element)
+            if not self.changed:
+                break
+
+    def is_self(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in self.selves
+
+    # Expressions -------------------------------------------------------------------------------
+    def ref(self, node: ast.AST) -> _Ref:
+        if isinstance(node, ast.Name):
+            return self.env.get(node.id, _NOTHING)
+        if isinstance(node, ast.Attribute):
+            if self.is_self(node.value):
+                method = self.methods.get(node.attr)
+                if method is None:
+                    return _Ref(frozenset({node.attr}))
+                return self.summaries[node.attr].returns if method.is_property else _NOTHING
+            return _element(self.ref(node.value))
+        if isinstance(node, ast.Subscript):
+            inner = self.ref(node.value)
+            return _fresh(inner) if isinstance(node.slice, ast.Slice) else _element(inner)
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        if isinstance(node, ast.BoolOp):
+            return _union([self.ref(v) for v in node.values])
+        if isinstance(node, ast.IfExp):
+            return _union([self.ref(node.body), self.ref(node.orelse)])
+        if isinstance(node, (ast.NamedExpr, ast.Starred, ast.Await)):
+            return self.ref(node.value)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return _fresh(_union([self.ref(e) for e in node.elts]))
+        if isinstance(node, ast.Dict):
+            return _fresh(_union([self.ref(v) for v in node.values]))
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return _fresh(self.ref(node.elt))
+        if isinstance(node, ast.DictComp):
+            return _fresh(self.ref(node.value))
+        return _NOTHING
+
+    def call(self, node: ast.Call) -> _Ref:
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            if self.is_self(func.value):
+                if func.attr not in self.methods:  # an attribute holding a callable, or inherited
+                    return _NOTHING
+                binding = self.binding(self.methods[func.attr], node)
+                returns = self.summaries[func.attr].returns
+                return _Ref(_substitute(returns.obj, binding), _substitute(returns.elem, binding))
+            if func.attr in _NON_ALIASING:
+                return _NOTHING
+            base = self.ref(func.value)
+            return _fresh(base) if func.attr in _COPYING else _element(base)
+        if isinstance(func, ast.Name):
+            if func.id == "getattr" and len(node.args) >= 2 and self.is_self(node.args[0]):
+                attr = _constant_str(node.args[1])
+                return _Ref(frozenset({attr})) if attr is not None and attr not in self.methods else _NOTHING
+            if func.id in _CONTAINER_CALLS:
+                return _fresh(_union([self.ref(a) for a in node.args]))
+            if func.id in _ELEMENT_CALLS:
+                return _element(_union([self.ref(a) for a in node.args]))
+        return _NOTHING
+
+    def binding(self, callee: _MethodAst, node: ast.Call) -> dict[str, _Ref]:
+        """Parameter of ``callee`` -> what the call site passes (a ``*``/``**`` argument may reach
+        every parameter not bound otherwise)."""
+        out: dict[str, _Ref] = {}
+        extra: list[_Ref] = []
+        spread: list[_Ref] = []
+        for k, arg in enumerate(node.args):
+            r = self.ref(arg)
+            if isinstance(arg, ast.Starred):
+                spread.append(_element(r))
+            elif k < len(callee.positional):
+                out[callee.positional[k]] = r
+            else:
+                extra.append(r)
+        if callee.vararg and extra:
+            out[callee.vararg] = _fresh(_union(extra))
+        named = set(callee.positional) | set(callee.keyword)
+        for kw in node.keywords:
+            r = self.ref(kw.value)
+            if kw.arg is None:
+                spread.append(_element(r))
+            elif kw.arg in named:
+                out[kw.arg] = r
+            elif callee.kwarg:
+                out[callee.kwarg] = _union([out.get(callee.kwarg, _NOTHING), _fresh(r)])
+        if spread:
+            reached = _union(spread)
+            for p in (*callee.positional, *callee.keyword, callee.vararg, callee.kwarg):
+                if p and p not in out:
+                    out[p] = reached
+        return out
+
+    # Bindings ----------------------------------------------------------------------------------
+    def bind(self, target: ast.expr, value: ast.expr, element: bool) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            parts = self.parts(value, element)
+            if parts is not None and self.bind_parts(target.elts, parts):
+                return
+        r = self.ref(value)
+        self.bind_ref(target, _element(r) if element else r)
+
+    def parts(self, value: ast.expr, element: bool) -> list[tuple[ast.expr, bool] | _Ref] | None:
+        """Per-position sources of an unpacked value when its shape is visible."""
+        if not element:
+            if isinstance(value, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in value.elts):
+                return [(e, False) for e in value.elts]
+            return None
+        if isinstance(value, ast.Call):
+            func = value.func
+            if isinstance(func, ast.Attribute) and func.attr == "items" and not value.args:
+                return [_NOTHING, _element(self.ref(func.value))]
+            if isinstance(func, ast.Name) and func.id == "enumerate" and value.args:
+                return [_NOTHING, _element(self.ref(value.args[0]))]
+            if isinstance(func, ast.Name) and func.id == "zip" and not any(isinstance(a, ast.Starred) for a in value.args):
+                return [_element(self.ref(a)) for a in value.args]
+        return None
+
+    def bind_parts(self, targets: Sequence[ast.expr], parts: Sequence[tuple[ast.expr, bool] | _Ref]) -> bool:
+        starred = [k for k, t in enumerate(targets) if isinstance(t, ast.Starred)]
+        if not starred:
+            if len(targets) != len(parts):
+                return False
+            pairs = list(zip(targets, parts))
+        else:
+            k = starred[0]
+            after = len(targets) - k - 1
+            if len(starred) > 1 or len(parts) < len(targets) - 1:
+                return False
+            middle = parts[k:len(parts) - after]
+            rest = _union([p if isinstance(p, _Ref) else self.ref(p[0]) for p in middle])
+            self.bind_ref(targets[k].value, _fresh(rest))
+            pairs = list(zip(targets[:k], parts[:k])) + list(zip(targets[k + 1:], parts[len(parts) - after:]))
+        for target, source in pairs:
+            if isinstance(source, _Ref):
+                self.bind_ref(target, source)
+            else:
+                self.bind(target, *source)
+        return True
+
+    def bind_ref(self, target: ast.expr, r: _Ref) -> None:
+        if isinstance(target, ast.Name):
+            old = self.env.get(target.id, _NOTHING)
+            new = _Ref(old.obj | r.obj, old.elem | r.elem)
+            if new != old:
+                self.env[target.id] = new
+                self.changed = True
+        elif isinstance(target, ast.Starred):
+            self.bind_ref(target.value, _fresh(r))
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                self.bind_ref(t, _element(r))
+
+    def reads_state(self, node: ast.AST) -> bool:
+        """Whether ``node`` reads ``self`` or a local alias of its state."""
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                if sub.id in self.selves:
+                    return True
+                r = self.env.get(sub.id, _NOTHING)
+                if any(not root.startswith("@") for root in r.obj | r.elem):
+                    return True
+        return False
+
+
+def _substitute(roots: frozenset[str], binding: Mapping[str, _Ref]) -> frozenset[str]:
+    """Roots of a callee in the caller's terms: parameter ``@p`` -> what the call passes for p
+    (its object or anything reached through it)."""
+    if not any(r.startswith("@") for r in roots):
+        return roots
+    out: set[str] = set()
+    for root in roots:
+        if root.startswith("@"):
+            bound = binding.get(root[1:], _NOTHING)
+            out |= bound.obj | bound.elem
+        else:
+            out.add(root)
+    return frozenset(out)
+
+
+def _summarise(method: _MethodAst, methods: Mapping[str, _MethodAst],
+               summaries: Mapping[str, _Summary]) -> tuple[_Summary, _Evaluator]:
+    ev = _Evaluator(method, methods, summaries)
+    writes: set[str] = set()
+    flags: set[str] = set()
+    for attr, flag in method.attr_writes:
+        (flags if flag else writes).add(attr)
+    for obj in method.mutated:
+        writes |= ev.ref(obj).obj
+    for name, node in method.self_calls:
+        callee = summaries[name]
+        writes |= _substitute(callee.writes, ev.binding(methods[name], node))
+        flags |= callee.flags
+    returns = _union([ev.ref(r) for r in method.returns])
+    return _Summary(frozenset(writes), frozenset(flags), returns), ev
+
+
+def _guard_kinds(method: _MethodAst, ev: _Evaluator) -> frozenset[str]:
+    guards: set[str] = set()
+    for node in method.guards:
+        cond = _words(node.test)
+        if _AUTH_WORDS.search(cond):
+            guards.add("actor_authorization")
+        elif _CAPACITY_WORDS.search(cond):
+            guards.add("capacity_or_eligibility")
+        elif ev.reads_state(node.test):  # a guard on arguments alone is input validation, not a gate
+            guards.add("state_precondition")
+    return frozenset(guards)
 
 
 def _words(node: ast.AST) -> str:
@@ -193,39 +591,6 @@ def _words(node: ast.AST) -> str:
     return " ".join(out).lower()
 
 
-def _analyse_method(fn: ast.FunctionDef) -> tuple[frozenset[str], frozenset[str]]:
-    """(attributes written, gate kinds of failure guards) of one method."""
-    nodes = list(ast.walk(fn))
-    aliases = _aliases(nodes)
-    writes: set[str] = set()
-    guards: set[str] = set()
-    for node in nodes:
-        targets: list[ast.AST] = []
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            # Rebinding a plain local name is not a write to state.
-            targets = [t for t in targets if not isinstance(t, ast.Name)]
-        elif isinstance(node, ast.Delete):
-            targets = node.targets
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
-            targets = [node.func.value]
-        for target in targets:
-            root = _root(target, aliases)
-            if root is not None:
-                writes.add(root)
-        if isinstance(node, ast.If) and _returns_failure(node.body):
-            cond = _words(node.test)
-            reads_state = any(_root(sub, aliases) is not None for sub in ast.walk(node.test)
-                              if isinstance(sub, (ast.Name, ast.Attribute, ast.Subscript)))
-            if _AUTH_WORDS.search(cond):
-                guards.add("actor_authorization")
-            elif _CAPACITY_WORDS.search(cond):
-                guards.add("capacity_or_eligibility")
-            elif reads_state:  # a guard on arguments alone is input validation, not a gate
-                guards.add("state_precondition")
-    return frozenset(writes), frozenset(guards)
-
-
 def _returns_failure(body: Sequence[ast.stmt]) -> bool:
     for stmt in body:
         if isinstance(stmt, ast.Raise):
@@ -238,32 +603,77 @@ def _returns_failure(body: Sequence[ast.stmt]) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _analyse_source(source: str | None) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
-    return {name: _analyse_method(fn) for name, fn in _method_bodies(source).items()}
+def _analyse_source(source: str | None) -> dict[str, _MethodFacts]:
+    """Writes, flag writes and guards of every method of the classes in ``source``: local alias
+    resolution per method, then a fixpoint of method summaries (what each writes, directly or
+    through parameters, and what it returns) over ``self.m(...)`` calls."""
+    bodies = _method_bodies(source)
+    names = frozenset(bodies)
+    methods = {name: _gather(fn, names) for name, fn in bodies.items()}
+    summaries = {name: _Summary() for name in methods}
+    evaluators: dict[str, _Evaluator] = {}
+    pending = list(methods)
+    for _ in range(_MAX_SUMMARY_PASSES):
+        changed = False
+        for name in pending:
+            summary, evaluators[name] = _summarise(methods[name], methods, summaries)
+            old = summaries[name]
+            merged = _Summary(old.writes | summary.writes, old.flags | summary.flags,
+                              _union([old.returns, summary.returns]))
+            if merged != old:
+                summaries[name] = merged
+                changed = True
+        if not changed:
+            break
+        pending = [name for name, m in methods.items() if m.depends]
+    out: dict[str, _MethodFacts] = {}
+    for name, method in methods.items():
+        s = summaries[name]
+        writes = frozenset(r for r in s.writes if not r.startswith("@"))
+        out[name] = _MethodFacts(writes | s.flags, s.flags - writes, _guard_kinds(method, evaluators[name]))
+    return out
+
+
+def _bookkeeping(tools: Mapping[str, _MethodFacts], names: Sequence[str]) -> frozenset[str]:
+    """Attributes written by every tool, lookups included: a call log or audit trail (BFCL's
+    composite appends each call to ``call_log``), not evidence of a state change."""
+    if len(names) < 2 or any(n not in tools for n in names):
+        return frozenset()
+    common = frozenset.intersection(*(tools[n].writes for n in names))
+    if common and any(_family_from_name(n) in _QUERY_FAMILIES for n in names):
+        return common
+    return frozenset()
 
 
 def analyse_environment(env: Environment) -> dict[str, ToolInfo]:
-    """Family, state-changing flag, parameters, writes and guards of every tool of ``env``."""
+    """Family, state-changing flag, parameters, writes, guards and control flag of every tool of
+    ``env``."""
     methods = _analyse_source(env.class_source)
     declared = {op.name: op.kind for op in env.operations}
+    schemas = [(tool_name(schema), tool_function(schema)) for schema in env.tools]
+    bookkeeping = _bookkeeping(methods, [name for name, _ in schemas])
     out: dict[str, ToolInfo] = {}
-    for schema in env.tools:
-        fn = tool_function(schema)
-        name = tool_name(schema)
+    for name, fn in schemas:
         params_schema = fn.get("parameters") or {}
         params = tuple((params_schema.get("properties") or {}).keys())
         required = tuple(params_schema.get("required") or ())
-        writes, guards = methods.get(name, (frozenset(), frozenset()))
+        facts = methods.get(name, _NO_FACTS)
+        writes = facts.writes - bookkeeping
+        # A hand-off or end-of-conversation tool that sets at most flags changes no record.
+        control = _is_control_name(name) and writes <= facts.flags
         family = _family_from_name(name)
         if name in declared:
             changing = declared[name] == "state_change"
+            control = control and not changing
         else:
             # Writes to self prove a change; a method with none (for instance a generated method
             # that delegates to another object, as BFCL's composite does) is judged by its verb.
-            changing = bool(writes) or family not in _QUERY_FAMILIES | {"other", "authorize"}
-        if changing and family in _QUERY_FAMILIES | {"other"}:
+            changing = not control and (bool(writes) or family not in _QUERY_FAMILIES | {"other", "authorize"})
+        if control:
+            family = "other"
+        elif changing and family in _QUERY_FAMILIES | {"other"}:
             family = "update"
-        if not changing and family not in _QUERY_FAMILIES | {"authorize"}:
+        elif not changing and family not in _QUERY_FAMILIES | {"authorize"}:
             family = "lookup" if family in ("other", "link", "update") else family
         if family == "lookup":
             if any(p.endswith("name") or p in ("query", "keyword", "title") for p in params):
@@ -274,7 +684,8 @@ def analyse_environment(env: Environment) -> dict[str, ToolInfo]:
                 lookup_kind = "entity_list"
         else:
             lookup_kind = "none"
-        out[name] = ToolInfo(name, family, changing, params, required, writes, guards, lookup_kind)
+        out[name] = ToolInfo(name, family, changing, params, required, writes, facts.guards,
+                             lookup_kind, control)
     return out
 
 
@@ -426,6 +837,7 @@ class OperationRecord:
     arg_types: tuple[str, ...]
     depends_on: tuple[str, ...]
     state_changing: bool
+    control: bool = False  # from a control tool (hand-off / end of conversation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,7 +887,12 @@ class Extraction:
         index = {op.id: k for k, op in enumerate(self.operations)}
         parts = []
         for k, op in enumerate(self.operations):
-            kind = op.lookup_kind if op.family == "lookup" else ("entity_field" if op.state_changing else "query")
+            if op.control:
+                kind = "control"
+            elif op.family == "lookup":
+                kind = op.lookup_kind
+            else:
+                kind = "entity_field" if op.state_changing else "query"
             deps = " ".join(f"dep_{self.operations[index[d]].family}" for d in op.depends_on if d in index)
             parts.append(f"op_{op.family} type_{kind} {' '.join(op.arg_types)} {deps}".strip())
         for g in self.gates:
@@ -533,7 +950,7 @@ def extract(env: Environment, task: Task, tools: Mapping[str, ToolInfo] | None =
         consumes = info.state_changing or info.family in ("validate", "authorize")
         deps = (last_producer,) if last_producer is not None and consumes else ()
         operations.append(OperationRecord(f"o{k}", info.family, name, info.lookup_kind, arg_names,
-                                          arg_types, deps, info.state_changing))
+                                          arg_types, deps, info.state_changing, info.control))
         if info.family in ("lookup", "create"):
             last_producer = f"o{k}"
         if info.family == "create":

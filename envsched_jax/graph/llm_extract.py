@@ -517,9 +517,12 @@ def to_extraction(item: Mapping[str, Any], env: Environment, task: Task,
         arg_types = tuple(_SCHEMA_TYPES.get((props.get(a) or {}).get("type"), "<value>")
                           for a in required)
         lookup_kind = info.lookup_kind if info is not None and info.lookup_kind != "none" else "entity_list"
-        changing = info.state_changing if info is not None else family not in _QUERY_FAMILIES
+        # A hand-off / end-of-conversation tool (the static analysis's control flag) changes no
+        # record, whatever family the model gave it.
+        control = info.control if info is not None else False
+        changing = (info.state_changing if info is not None else family not in _QUERY_FAMILIES) and not control
         operations.append(OperationRecord(op["id"], family, tool, lookup_kind, required, arg_types,
-                                          tuple(op["depends_on_operations"]), changing))
+                                          tuple(op["depends_on_operations"]), changing, control))
     gates = tuple(GateRecord(g["id"], g["type"], g["provenance"], tuple(g["affected_operations"]),
                              g["description"]) for g in item["gates"])
     check_fields = [analyse_check(c.code).fields for c in task.checks]
