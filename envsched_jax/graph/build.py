@@ -12,6 +12,21 @@ Two outputs, for two scales:
   environment by ``S_full`` and of other environments by ``S_abs``, computed in row blocks so that
   memory stays bounded by ``block_size x N`` floats.
 
+Two options beyond the paper, both off by default (so the default graph is the paper's):
+
+- ``semantic_view``: a dense sentence-embedding view of the instruction
+  (:mod:`envsched_jax.graph.semantic`, all-MiniLM-L6-v2), either replacing the character view
+  (``"replace_chars"``: it takes alpha_2) or added as a seventh view (``"add"``: weight
+  ``semantic_weight``, the six paper weights scaled by ``1 - semantic_weight``).
+- ``hubness="csls"``: a CSLS-style correction of ``S_abs`` (Conneau et al., 2018, adapted to
+  similarities in [0, 1]): with ``r_i`` the mean of node i's ``hubness_k`` largest
+  cross-environment ``S_abs`` values and ``rbar`` the mean of r,
+  ``S'_ij = clip(S_ij - (r_i + r_j) / 2 + rbar, 0, 1)`` (diagonal 1, rounded to 6 decimals).
+  A node similar to everything (a hub) is pulled down; the shift by ``rbar`` keeps the typical
+  value where it was, so the scheduler's similarity-weighted propagation keeps its scale. Only
+  the cross relation reads ``S_abs``. ``r_i + r_j`` is computed before halving, so S' stays
+  exactly symmetric.
+
 Every TF-IDF encoder uses scikit-learn's ``TfidfVectorizer`` with ``min_df=1``,
 ``max_features=35000`` and ``sublinear_tf=True`` (appendix D); rows are L2-normalised, so cosine
 similarity is a dot product. A node whose text in some view is empty has a zero row there: its
@@ -24,6 +39,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Literal
 
 import jax
@@ -58,6 +74,18 @@ class GraphConfig:
     """Largest N for which 'auto' builds the dense matrices."""
     block_size: int = 1024
     """Rows per block when computing similarities (bounds memory to block_size x N floats)."""
+    semantic_view: Literal["off", "replace_chars", "add"] = "off"
+    """Beyond the paper: a sentence-embedding view of the instruction (module docstring);
+    'replace_chars' gives it the character view's weight, 'add' makes it a seventh view."""
+    semantic_weight: float = 0.16
+    """Weight of the seventh view when semantic_view='add' (our choice: the paper's middle weight);
+    the six paper weights are scaled by 1 - semantic_weight."""
+    semantic_cache_dir: str | None = None
+    """Directory of the embedding cache (a pool is embedded once); None: no cache."""
+    hubness: Literal["none", "csls"] = "none"
+    """Beyond the paper: 'csls' corrects S_abs for hubness (module docstring)."""
+    hubness_k: int = 12
+    """Neighbourhood size of the CSLS radius r_i (default: the scheduler's K_cross)."""
 
     def __post_init__(self):
         if len(self.view_weights) != 6 or any(w < 0 for w in self.view_weights):
@@ -65,11 +93,28 @@ class GraphConfig:
         if abs(sum(self.view_weights) - 1.0) > 1e-6:
             raise ValueError(f"view_weights must sum to 1 (so S_full lies in [0, 1]), got "
                              f"{sum(self.view_weights):.6f}")
-        for name in ("max_features", "min_df", "num_candidates", "dense_max_nodes", "block_size"):
+        if self.semantic_view not in ("off", "replace_chars", "add"):
+            raise ValueError(f"semantic_view must be 'off', 'replace_chars' or 'add', got {self.semantic_view!r}")
+        if not 0.0 < self.semantic_weight < 1.0:
+            raise ValueError(f"semantic_weight must lie in (0, 1), got {self.semantic_weight}")
+        if self.hubness not in ("none", "csls"):
+            raise ValueError(f"hubness must be 'none' or 'csls', got {self.hubness!r}")
+        for name in ("max_features", "min_df", "num_candidates", "dense_max_nodes", "block_size", "hubness_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dense not in ("auto", "always", "never"):
             raise ValueError(f"dense must be 'auto', 'always' or 'never', got {self.dense!r}")
+
+
+    def concrete_weights(self) -> dict[str, float]:
+        """Weight of every concrete view in S_full, the semantic view included when it is on."""
+        weights = dict(zip(VIEW_NAMES, self.view_weights))
+        if self.semantic_view == "replace_chars":
+            weights["semantic"] = weights.pop("instruction_chars")
+        elif self.semantic_view == "add":
+            weights = {name: (1.0 - self.semantic_weight) * w for name, w in weights.items()}
+            weights["semantic"] = self.semantic_weight
+        return weights
 
 
 def _vectorizer(view: str, config: GraphConfig) -> TfidfVectorizer:
@@ -176,7 +221,10 @@ def _finish_block(block: np.ndarray) -> np.ndarray:
     return block
 
 
-def _dense_similarity(Z: sp.csr_matrix, block_size: int, label: str, progress: bool) -> np.ndarray:
+def _dense_similarity(Z: sp.csr_matrix, block_size: int, label: str, progress: bool,
+                      radius: np.ndarray | None = None) -> np.ndarray:
+    """Dense ``Z Z^T``, finished (:func:`_finish_block`) with a unit diagonal; with ``radius``,
+    CSLS-corrected (:func:`csls_correct`)."""
     n = Z.shape[0]
     out = np.empty((n, n), np.float32)
     ZT = Z.T.tocsr()
@@ -186,6 +234,8 @@ def _dense_similarity(Z: sp.csr_matrix, block_size: int, label: str, progress: b
         rows = all_ids[start:start + block_size]
         block = _finish_block(_gram_block(Z, ZT, rows))
         block[np.arange(len(rows)), rows] = 1.0  # unit diagonal, also for empty rows
+        if radius is not None:
+            csls_correct(block, rows, radius)
         out[rows] = block
     return out
 
@@ -219,6 +269,29 @@ def _rank_cross_block(sims: jax.Array, row_env: jax.Array, col_env: jax.Array, m
     return jnp.where(absent, -1, idx).astype(jnp.int32), jnp.where(absent, 0.0, vals)
 
 
+def csls_radius(cross_sim: np.ndarray, cross_idx: np.ndarray, k: int) -> np.ndarray:
+    """r_i: mean of the first ``k`` valid entries of each node's cross-environment candidate list
+    (sorted by decreasing S_abs); 0 for a node without any. float32 [N]."""
+    valid = cross_idx[:, :k] >= 0
+    total = np.where(valid, cross_sim[:, :k], 0.0).sum(axis=1, dtype=np.float64)
+    count = valid.sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), 0.0).astype(np.float32)
+
+
+def csls_correct(block: np.ndarray, rows: np.ndarray, radius: np.ndarray) -> np.ndarray:
+    """Apply the CSLS correction to finished rows ``rows`` of S_abs, in place:
+    ``S'_ij = clip(S_ij - (r_i + r_j) / 2 + rbar, 0, 1)``, rounded to 6 decimals, unit diagonal.
+    Every operation is elementwise float32 in a fixed order and ``r_i + r_j`` is commutative, so
+    the result does not depend on the block and S' is exactly symmetric when S is."""
+    rbar = np.float32(radius.astype(np.float64).mean()) if len(radius) else np.float32(0.0)
+    pair = radius[rows][:, None] + radius[None, :]
+    block -= np.float32(0.5) * pair
+    block += rbar
+    _finish_block(block)
+    block[np.arange(len(rows)), rows] = 1.0
+    return block
+
+
 def within_candidates(Z: sp.csr_matrix, env_index: np.ndarray, m: int,
                       progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Top-m same-environment neighbours of every node by S_full (self excluded); ``Z`` is the
@@ -239,14 +312,17 @@ def within_candidates(Z: sp.csr_matrix, env_index: np.ndarray, m: int,
 
 
 def cross_candidates(abstract: sp.csr_matrix, env_index: np.ndarray, m: int, block_size: int,
-                     progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Top-m other-environment neighbours of every node by S_abs (ties -> lower index).
+                     progress: bool = False, radius: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-m other-environment neighbours of every node by S_abs (ties -> lower index); with
+    ``radius`` (:func:`csls_radius`), by the CSLS-corrected S_abs, always in row blocks.
 
     The abstraction maps many tasks to the same description, so when the abstract rows have few
     distinct values (at most ``max(n // 8, 1)``) the ranking is computed once per distinct row
     (:func:`_cross_candidates_grouped`, exact and O(U N log N)); otherwise in row blocks of
     ``block_size`` (:func:`_cross_candidates_blocked`, O(N^2), memory ~ ``block_size x N``)."""
     n = abstract.shape[0]
+    if radius is not None:
+        return _cross_candidates_blocked(abstract, env_index, m, block_size, progress, radius)
     if abstract.shape[1] * n * 4 <= 2**30:
         dense = abstract.toarray()
         uniq, inverse = np.unique(dense, axis=0, return_inverse=True)
@@ -282,13 +358,16 @@ def _cross_candidates_grouped(uniq: np.ndarray, inverse: np.ndarray, env_index: 
 
 
 def _cross_candidates_blocked(abstract: sp.csr_matrix, env_index: np.ndarray, m: int, block_size: int,
-                              progress: bool) -> tuple[np.ndarray, np.ndarray]:
+                              progress: bool, radius: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-m other-environment neighbours in row blocks: one BLAS (or sparse) product per block and
-    a jitted ranking kernel (the last block is padded so it compiles once)."""
+    a jitted ranking kernel (the last block is padded so it compiles once). With ``radius`` the
+    block is finished and CSLS-corrected first (:func:`csls_correct`)."""
     n = abstract.shape[0]
     idx = np.empty((n, m), np.int32)
     val = np.empty((n, m), np.float32)
-    dense = abstract.toarray() if abstract.shape[1] * n * 4 <= 2**30 else None
+    # With the CSLS correction the rows come from the sparse kernel that _dense_similarity uses,
+    # so that the candidates equal the top of the dense corrected matrix to the last bit.
+    dense = abstract.toarray() if radius is None and abstract.shape[1] * n * 4 <= 2**30 else None
     abstract_t = abstract.T.tocsr() if dense is None else None
     col_env = jnp.asarray(env_index)
     k = min(m, n)
@@ -296,6 +375,10 @@ def _cross_candidates_blocked(abstract: sp.csr_matrix, env_index: np.ndarray, m:
     for start in _progress(starts, "cross-environment candidates", len(starts), progress):
         rows = np.arange(start, start + block_size) % n  # the last block wraps round (padding)
         sims = dense[rows] @ dense.T if dense is not None else _gram_block(abstract, abstract_t, rows)
+        if radius is not None:
+            sims = _finish_block(sims)
+            sims[np.arange(len(rows)), rows] = 1.0
+            sims = csls_correct(sims, rows, radius)
         b_idx, b_val = _rank_cross_block(sims, jnp.asarray(env_index[rows]), col_env, k)
         stop = min(start + block_size, n)
         idx[start:stop, :k] = np.asarray(b_idx)[: stop - start]
@@ -330,29 +413,44 @@ def build_graph(pool: Pool, config: GraphConfig = GraphConfig(), *, progress: bo
 
     t0 = time.perf_counter()
     concrete_texts = list(zip(*(v.concrete() for v in views)))
-    features = {name: encode_view(texts, name, config) for name, texts in zip(VIEW_NAMES, concrete_texts)}
+    weights = config.concrete_weights()
+    features = {name: encode_view(texts, name, config) for name, texts in zip(VIEW_NAMES, concrete_texts)
+                if name in weights}
     features["abstract"] = encode_view([v.abstract for v in views], "abstract", config)
     timings["tfidf"] = time.perf_counter() - t0
+    if config.semantic_view != "off":
+        from envsched_jax.graph.semantic import semantic_features
+
+        t0 = time.perf_counter()
+        features["semantic"] = semantic_features(
+            [v.instruction for v in views], progress=progress,
+            cache_dir=None if config.semantic_cache_dir is None else Path(config.semantic_cache_dir))
+        timings["semantic"] = time.perf_counter() - t0
 
     env_ids = tuple(e.env_id for e in pool.environments)
     env_index = np.asarray(pool.env_index(), np.int32)
     n = pool.num_tasks
-    concrete = stack_views([features[name] for name in VIEW_NAMES], config.view_weights)
+    concrete = stack_views([features[name] for name in weights], list(weights.values()))
     abstract = features["abstract"]
+
+    t0 = time.perf_counter()
+    m = config.num_candidates
+    within_idx, within_sim = within_candidates(concrete, env_index, m, progress)
+    radius = None
+    if config.hubness == "csls":
+        raw_idx, raw_sim = cross_candidates(abstract, env_index, max(m, config.hubness_k),
+                                            config.block_size, progress)
+        radius = csls_radius(raw_sim, raw_idx, config.hubness_k)
+    cross_idx, cross_sim = cross_candidates(abstract, env_index, m, config.block_size, progress, radius)
+    timings["candidates"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     build_dense = config.dense == "always" or (config.dense == "auto" and n <= config.dense_max_nodes)
     s_full = s_abs = None
     if build_dense:
         s_full = _dense_similarity(concrete, config.block_size, "S_full", progress)
-        s_abs = _dense_similarity(abstract, config.block_size, "S_abs", progress)
+        s_abs = _dense_similarity(abstract, config.block_size, "S_abs", progress, radius)
     timings["dense"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    m = config.num_candidates
-    within_idx, within_sim = within_candidates(concrete, env_index, m, progress)
-    cross_idx, cross_sim = cross_candidates(abstract, env_index, m, config.block_size, progress)
-    timings["candidates"] = time.perf_counter() - t0
 
     return PoolGraph(
         task_ids=tuple(t.task_id for t in pool.tasks), env_ids=env_ids, env_index=env_index,
