@@ -403,9 +403,13 @@ class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b'{"error": "bad request: context too long"}')
             return
+        if self.mode == "good":  # a model that answers every request validly
+            content, usage = good_responder(body["messages"]), {"prompt_tokens": 100, "completion_tokens": 50}
+        else:
+            content, usage = '{"tasks": []}', {"prompt_tokens": 11, "completion_tokens": 5}
         reply = (b"garbage" if self.mode == "garbage" else json.dumps({
-            "choices": [{"message": {"content": '{"tasks": []}'}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 5}}).encode())
+            "choices": [{"message": {"content": content}, "finish_reason": "stop"}],
+            "usage": usage}).encode())
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -448,23 +452,6 @@ def test_openai_chat_client_against_a_fake_server():
         OpenAIChatClient("localhost:8000", "m")
 
 
-class _GoodOpenAI(http.server.BaseHTTPRequestHandler):
-    """An OpenAI-compatible server whose model answers every request validly."""
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        content = good_responder(body["messages"])
-        reply = json.dumps({"choices": [{"message": {"content": content}, "finish_reason": "stop"}],
-                            "usage": {"prompt_tokens": 100, "completion_tokens": 50}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_extract_operations_script_end_to_end(tmp_path):
     """experiments/extract_operations.py against a local OpenAI-compatible server: the files it
     writes load into a graph build, and a rerun comes from the cache."""
@@ -478,7 +465,8 @@ def test_extract_operations_script_end_to_end(tmp_path):
         script = importlib.import_module("extract_operations")
     finally:
         sys.path.remove(str(experiments))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GoodOpenAI)
+    _FakeOpenAI.mode = "good"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         args = script.Args(pool="embedded", backend="openai", model="m", max_envs=2, sandbox="none",
@@ -492,6 +480,7 @@ def test_extract_operations_script_end_to_end(tmp_path):
         again = json.loads((tmp_path / "run" / "report.json").read_text())
         assert again["calls"] == 0 and again["cached_requests"] == report["requests"]
     finally:
+        _FakeOpenAI.mode = "ok"
         server.shutdown()
     full = load_embedded_pool()
     envs = full.environments[:2]

@@ -105,7 +105,6 @@ class GraphConfig:
         if self.dense not in ("auto", "always", "never"):
             raise ValueError(f"dense must be 'auto', 'always' or 'never', got {self.dense!r}")
 
-
     def concrete_weights(self) -> dict[str, float]:
         """Weight of every concrete view in S_full, the semantic view included when it is on."""
         weights = dict(zip(VIEW_NAMES, self.view_weights))
