@@ -44,14 +44,15 @@ def test_paper_step_64_by_8_survives_failing_episodes(kind):
     limits = SandboxLimits(cpu_seconds=1.0, wall_seconds=10.0, memory_bytes=256 * MiB,
                            max_processes=16)
     with make_worker_pool(SandboxConfig(kind=kind, limits=limits, num_workers=3)) as workers:
-        results = RolloutPool(workers, pool, RolloutConfig(episode_timeout_s=2.0)).run(jobs)
+        # 6 s, not less: under a loaded CI machine an honest episode once took over 2 s
+        results = RolloutPool(workers, pool, RolloutConfig(episode_timeout_s=6.0)).run(jobs)
         # the failing episodes' processes were killed inside their jails; no jail was replaced
         assert (workers.num_started, workers.num_replaced) == (3, 0)
     assert len(results) == len(jobs) == 512 + 3
     failed = [results[p] for p in sorted(bad)]
     # on a busy 2-core machine the spinning episode may reach the wall clock before 1 s of CPU
     assert failed[0].error.startswith(("cpu: CPU time limit", "wall_clock: episode timeout"))
-    assert failed[1].error.startswith("wall_clock: episode timeout of 2 s")
+    assert failed[1].error.startswith("wall_clock: episode timeout of 6 s")
     assert "process" in failed[2].error
     honest = [r for k, r in enumerate(results) if k not in bad]
     assert [r.reward for r in honest] == expected
