@@ -145,3 +145,16 @@ def test_the_oracle_has_no_network_and_a_read_only_toolchain(verifier):
             "then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
     result = verify_bundle(make_bundle(solve=probe, test=test), verifier)
     assert result.accepted, (result.failed_check, result.logs)
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_NO_DOCKER is not None, reason=f"no Docker engine here: {_NO_DOCKER}")
+def test_every_builtin_seed_passes_gold_verification_in_docker(verifier):
+    from envsched_jax.forge.families import builtin_seeds, to_bundle
+
+    seeds = builtin_seeds()
+    assert len(seeds) >= 24
+    for name, params in seeds:
+        result = verify_bundle(to_bundle(name, params), verifier)
+        assert result.accepted, (name, result.failed_check, result.logs)
+        assert (result.oracle_reward, result.untouched_reward) == (1.0, 0.0), name
