@@ -69,6 +69,10 @@ def test_static_checks_pass_on_a_good_bundle_and_length_and_overlap_reject():
     assert same.failed_check.name == "overlap" and "byte-identical to 'count-errors'" in same.failed_check.reason
     near = verify_bundle(make_bundle("near", log="ERROR x\n"), None, parent=good)
     assert near.failed_check.name == "overlap" and "near copy" in near.failed_check.reason
+    assert "the tests are the same" in near.failed_check.reason
+    # the same words over a different verifier (new data and expected values) is a new task
+    other_tests = make_bundle("variant", log="ERROR x\n", test=TEST_SH.replace('= "3"', '= "1"'))
+    assert verify_bundle(other_tests, None, parent=good).failed_check is None
     assert instruction_similarity("count the lines", "sort the words by length") < 0.3
 
 

@@ -110,6 +110,9 @@ class MaterializeResult:
     verification: Verification | None
     attempts: tuple[Attempt, ...]
     note: str = ""
+    last_bundle: TaskBundle | None = None
+    """The last bundle that went to verification (the accepted one, or the last rejected one, which
+    the pipeline keeps beside its reasons)."""
 
     @property
     def accepted(self) -> bool:
@@ -197,7 +200,7 @@ class ProgrammaticMaterializer:
                                     f"seed {request.seed.name!r} is not a built-in family bundle: {err}"))
             return MaterializeResult(request.name, request.seed.name, action, request.recipe, None, None,
                                      tuple(attempts))
-        verification, note = None, ""
+        verification, note, bundle = None, "", None
         for k in range(self.budget):
             kind: Literal["generate", "repair"] = "generate" if k == 0 else "repair"
             start = time.perf_counter()
@@ -211,9 +214,9 @@ class ProgrammaticMaterializer:
             attempts.append(attempt_from_verification(kind, verification, seconds=time.perf_counter() - start))
             if verification.accepted:
                 return MaterializeResult(request.name, request.seed.name, action, request.recipe, bundle,
-                                         verification, tuple(attempts), note)
+                                         verification, tuple(attempts), note, bundle)
         return MaterializeResult(request.name, request.seed.name, action, request.recipe, None, verification,
-                                 tuple(attempts), note)
+                                 tuple(attempts), note, bundle)
 
 
 def _harbor_metadata(bundle: TaskBundle) -> Mapping[str, Any]:

@@ -1,0 +1,175 @@
+"""The Envs-FORGE pipeline: selection -> materialisation -> verification -> export, resumable.
+
+Fast tests use a stand-in for the Docker checks (every executed check passes; the static checks
+are real); one test runs the real engine end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envsched_jax.envs.sandbox import unavailable_reason
+from envsched_jax.forge.bundle import read_bundle
+from envsched_jax.forge.candidates import ForgeInputError
+from envsched_jax.forge.families import builtin_seeds, to_bundle
+from envsched_jax.forge.materialize import ProgrammaticMaterializer
+from envsched_jax.forge.pipeline import SynthesisConfig, plan, request_name, synthesize
+from envsched_jax.forge.simulated_policy import SkillCompetencePolicy, write_rollout_log
+from envsched_jax.forge.verify import CheckResult, DockerVerifier, VerifyConfig
+
+
+class PassingChecks:
+    """Stands in for DockerVerifier: the executed checks pass and are counted."""
+
+    def __init__(self):
+        self.builds = self.cache_hits = 0
+        self.checked: list[str] = []
+        self.config = VerifyConfig()
+
+    def run_checks(self, bundle):
+        self.builds += 1
+        self.checked.append(bundle.name)
+        return [CheckResult(n, True) for n in ("build", "oracle", "untouched")], {
+            "logs": {}, "oracle_reward": 1.0, "untouched_reward": 0.0, "image": "fake", "cache_hit": False}
+
+
+class Interrupt(ProgrammaticMaterializer):
+    """Raises KeyboardInterrupt at the n-th request, as a user's Ctrl-C would."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        object.__setattr__(self, "left", n)
+
+    def materialize(self, request, verify):
+        if self.left == 0:
+            raise KeyboardInterrupt
+        object.__setattr__(self, "left", self.left - 1)
+        return super().materialize(request, verify)
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory) -> Path:
+    bundles = [to_bundle(n, p) for n, p in builtin_seeds()]
+    path = tmp_path_factory.mktemp("log") / "rollouts.jsonl"
+    return write_rollout_log(SkillCompetencePolicy.draw(0).rollouts(bundles, 15, 0), path)
+
+
+def _config(tmp_path, log, **kw) -> SynthesisConfig:
+    return SynthesisConfig(rollout_log=str(log), out=str(tmp_path / "run"), **kw)
+
+
+def test_exports_the_requested_number_with_a_complete_report(tmp_path, log):
+    checks = PassingChecks()
+    report = synthesize(_config(tmp_path, log, num_exports=6), verifier=checks, progress=False, log=lambda _: None)
+    assert report["exported"] == 6 and report["missing"] == 0 and len(checks.checked) == 6
+    assert report["solver"]["status"] == "optimal" and report["solver"]["num_action_variables"] == 150
+    exports = sorted(p.name for p in (tmp_path / "run" / "exports").iterdir())
+    assert exports == sorted(report["exports"])
+    for name in exports:
+        bundle = read_bundle(tmp_path / "run" / "exports" / name)
+        assert bundle.name == name and bundle.layout == "harbor"
+    selection = json.loads((tmp_path / "run" / "selection.json").read_text())
+    ranked = sorted((d for d in selection["decisions"]), key=lambda d: -d["frontier_score"])
+    assert [n.split(".")[0] for n in report["exports"]] == [d["seed_id"] for d in ranked[:6]]
+    assert report["pass_rate_sources"] == {"rollouts": 25}
+    assert report["verification"]["executed"] == 6 and report["materialized"] == 6
+    assert report["prompt_tokens"] == 0 and report["completion_tokens"] == 0
+
+
+def test_an_interrupted_run_resumes_without_verifying_accepted_exports_again(tmp_path, log):
+    cfg = _config(tmp_path, log, num_exports=5)
+    first = PassingChecks()
+    with pytest.raises(KeyboardInterrupt):
+        synthesize(cfg, materializer=Interrupt(3), verifier=first, progress=False, log=lambda _: None)
+    lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and len(first.checked) == 3
+    second = PassingChecks()
+    report = synthesize(cfg, verifier=second, progress=False, log=lambda _: None)
+    assert report["exported"] == 5 and len(second.checked) == 2          # only the two not yet done
+    assert not set(second.checked) & set(first.checked)
+    again = PassingChecks()
+    assert synthesize(cfg, verifier=again, progress=False, log=lambda _: None)["exported"] == 5
+    assert again.checked == []
+
+
+def test_a_cut_last_line_is_redone_and_a_different_config_is_refused(tmp_path, log):
+    cfg = _config(tmp_path, log, num_exports=2)
+    synthesize(cfg, verifier=PassingChecks(), progress=False, log=lambda _: None)
+    results = tmp_path / "run" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    results.write_text(lines[0] + "\n" + lines[1][:20])                # interrupted mid-write
+    redo = PassingChecks()
+    assert synthesize(cfg, verifier=redo, progress=False, log=lambda _: None)["exported"] == 2
+    assert len(redo.checked) == 1
+    with pytest.raises(ForgeInputError, match=r"differs in \['config.recipe', 'selection.actions"):
+        synthesize(_config(tmp_path, log, num_exports=2, recipe="evol_instruct"), verifier=PassingChecks(),
+                   progress=False, log=lambda _: None)
+
+
+def test_rounds_replay_the_selection_with_fresh_data_until_the_target(tmp_path, log):
+    report = synthesize(_config(tmp_path, log, num_exports=30, max_rounds=2), verifier=PassingChecks(),
+                        progress=False, log=lambda _: None)
+    assert report["exported"] == 30
+    rounds = [int(n.rsplit(".r", 1)[1]) for n in report["exports"]]
+    assert rounds.count(0) == 25 and rounds.count(1) == 5
+    short = synthesize(_config(tmp_path / "b", log, num_exports=60, max_rounds=2), verifier=PassingChecks(),
+                       progress=False, log=lambda _: None)
+    assert short["exported"] == 50 and short["missing"] == 10
+
+
+def test_fixed_recipes_are_masks_and_portfolio_mode_exports_a_subset(tmp_path, log):
+    evol = synthesize(_config(tmp_path / "evol", log, num_exports=4, recipe="evol_instruct_depth"),
+                      verifier=PassingChecks(), progress=False, log=lambda _: None)
+    assert set(evol["actions_chosen"]) == {"increase_complexity/in_depth"}
+    pf = synthesize(_config(tmp_path / "pf", log, num_exports=5, mode="portfolio"), verifier=PassingChecks(),
+                    progress=False, log=lambda _: None)
+    assert sum(pf["actions_chosen"].values()) == 5 and pf["exported"] == 5
+
+
+def test_bad_inputs_are_named(tmp_path, log):
+    with pytest.raises(ForgeInputError, match="needs a rollout_log or predicted"):
+        SynthesisConfig()
+    with pytest.raises(ForgeInputError, match="num_exports must be an int >= 1"):
+        SynthesisConfig(rollout_log="x", num_exports=0)
+    with pytest.raises(ForgeInputError, match="not a directory of bundle folders"):
+        synthesize(_config(tmp_path, log, seeds=str(tmp_path / "nowhere")), verifier=PassingChecks(),
+                   progress=False, log=lambda _: None)
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text('{"task_id": "logs-severity-01", "reward": 1.0}\n')
+    with pytest.raises(ForgeInputError, match="24 seed"):
+        synthesize(SynthesisConfig(rollout_log=str(partial), out=str(tmp_path / "p")), verifier=PassingChecks(),
+                   progress=False, log=lambda _: None)
+    predicted = tmp_path / "predicted.json"
+    predicted.write_text(json.dumps({n: 0.5 for n, _ in builtin_seeds()}))
+    report = synthesize(SynthesisConfig(rollout_log=str(partial), predicted=str(predicted), num_exports=1,
+                                        out=str(tmp_path / "q")), verifier=PassingChecks(), progress=False,
+                        log=lambda _: None)
+    assert report["pass_rate_sources"] == {"rollouts": 1, "predicted": 24}
+
+
+def test_plan_orders_by_frontier_score_and_names_are_stable():
+    decisions = {"a": {"action": "increase_complexity/in_depth", "frontier_score": 0.5},
+                 "b": {"action": "reduce_complexity/in_breadth", "frontier_score": 0.9},
+                 "c": {"action": None}}
+    assert plan(None, decisions, ["a", "b", "c"], "forge", 2) == [
+        (0, "b", "b.forge.red-breadth.r0"), (0, "a", "a.forge.inc-depth.r0"),
+        (1, "b", "b.forge.red-breadth.r1"), (1, "a", "a.forge.inc-depth.r1")]
+    assert request_name("s", "few_shot", "diversify_frontier/in_depth", 3) == "s.few_shot.div-depth.r3"
+
+
+_NO_DOCKER = unavailable_reason("docker")
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_NO_DOCKER is not None, reason=f"no Docker engine here: {_NO_DOCKER}")
+def test_end_to_end_in_docker_exports_a_pool_of_verified_bundles(tmp_path, log):
+    verifier = DockerVerifier(VerifyConfig(oracle_timeout_s=30, test_timeout_s=30))
+    report = synthesize(_config(tmp_path, log, num_exports=3), verifier=verifier, progress=False, log=lambda _: None)
+    assert report["exported"] == 3 and report["verification"]["executed"] == 3
+    assert report["verification"]["bundles_per_minute"] > 0
+    for name in report["exports"]:
+        line = next(json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+                    if json.loads(x)["name"] == name)
+        assert line["verification"]["oracle_reward"] == 1.0 and line["verification"]["untouched_reward"] == 0.0
