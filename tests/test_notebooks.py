@@ -32,6 +32,7 @@ TINY: dict[str, dict[str, str]] = {
                     "ROLLOUT_NOISES": repr(TINY_NOISES), "DIFFICULTY_MEANS": repr(TINY_DMEANS)},
     "compare_schedulers.ipynb": {"STEPS": "5", "SEEDS": "[0, 1]", "SETUP": TINY_SETUP, "BATCH_SIZE": "8",
                                  "GROUP_SIZE": "4", "SCHEDULERS": repr(TINY_SCHEDULERS), "SMOOTH": "2"},
+    "forge.ipynb": {"K": "8", "POLICY_SEED": "1"},
 }
 """Knob overrides per notebook (Python source of each value). Notebooks not listed run as saved."""
 
@@ -50,6 +51,9 @@ EXPECTED: dict[str, list[re.Pattern]] = {
     "compare_schedulers.ipynb": (
         [_row(name) for name in TINY_SCHEDULERS]
         + [re.compile(r"ranked by mean final held-out score: " + r" > ".join([r"\w+"] * len(TINY_SCHEDULERS)))]),
+    "forge.ipynb": [re.compile(r"backend scip, status optimal, objective \S+, 150 action variables"),
+                    re.compile(r"requirements after: .*\n(.|\n)*  sync       pass"),
+                    re.compile(r"accepted: (True|False \(no Docker engine)")],
 }
 """What each notebook must print in the tiny configuration."""
 
@@ -60,7 +64,7 @@ NUMBERS: dict[str, list[tuple[str, float]]] = {
 }
 """Printed consistency checks: (pattern capturing a number, largest allowed value)."""
 
-FIGURES = {"sweep.ipynb": 2, "compare_schedulers.ipynb": 1}
+FIGURES = {"sweep.ipynb": 2, "compare_schedulers.ipynb": 1, "forge.ipynb": 1}
 """Minimum number of figures (image/png outputs)."""
 
 

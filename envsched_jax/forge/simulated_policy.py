@@ -126,3 +126,30 @@ def write_rollout_log(records: Iterable[tuple[str, float]], path: str | os.PathL
             handle.write(json.dumps({"task_id": task_id, "reward": reward, "source": source}) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def frontier_placement(bundles: Sequence[TaskBundle], policy: SkillCompetencePolicy, *, k: int, seed: int,
+                       center: float = 0.5, width: float = 0.2) -> dict:
+    """Where ``bundles`` land relative to the policy's frontier band ``|p - center| <= width``.
+
+    Two views of each bundle's pass rate: the policy's true probability (known only because the
+    policy is simulated) and the estimate from ``k`` rollouts (what a real pipeline would see).
+    Returns per-bundle rows and, over the bundles, the mean rate, the share inside the band, the
+    mean frontier score ``exp(-(p - center)^2 / (2 width^2))`` and the shares below / above it."""
+    records = policy.rollouts(bundles, k, seed)
+    wins: dict[str, float] = {}
+    for task_id, reward in records:
+        wins[task_id] = wins.get(task_id, 0.0) + reward
+    rows = [{"bundle": b.name, "true": policy.bundle_pass_probability(b), "estimated": wins[b.name] / k}
+            for b in bundles]
+
+    def summary(key: str) -> dict:
+        values = np.array([r[key] for r in rows], np.float64)
+        if values.size == 0:
+            return {"mean": None, "in_band": None, "below": None, "above": None, "frontier_score": None}
+        return {"mean": float(values.mean()),
+                "in_band": float(np.mean(np.abs(values - center) <= width)),
+                "below": float(np.mean(values < center - width)), "above": float(np.mean(values > center + width)),
+                "frontier_score": float(np.mean(np.exp(-((values - center) ** 2) / (2 * width ** 2))))}
+
+    return {"rows": rows, "true": summary("true"), "estimated": summary("estimated"), "k": k}
