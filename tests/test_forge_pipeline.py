@@ -30,7 +30,8 @@ class PassingChecks:
 
     def run_checks(self, bundle):
         self.builds += 1
-        self.checked.append(bundle.name)
+        if bundle.name.count(".") >= 3:   # an export (seeds are preflighted too; not counted here)
+            self.checked.append(bundle.name)
         return [CheckResult(n, True) for n in ("build", "oracle", "untouched")], {
             "logs": {}, "oracle_reward": 1.0, "untouched_reward": 0.0, "image": "fake", "cache_hit": False}
 
@@ -138,7 +139,7 @@ def test_bad_inputs_are_named(tmp_path, log):
                    progress=False, log=lambda _: None)
     partial = tmp_path / "partial.jsonl"
     partial.write_text('{"task_id": "logs-severity-01", "reward": 1.0}\n')
-    with pytest.raises(ForgeInputError, match="24 seed"):
+    with pytest.raises(ForgeInputError, match="24 seed"):  # the other seeds have no rollouts
         synthesize(SynthesisConfig(rollout_log=str(partial), out=str(tmp_path / "p")), verifier=PassingChecks(),
                    progress=False, log=lambda _: None)
     predicted = tmp_path / "predicted.json"
@@ -173,3 +174,70 @@ def test_end_to_end_in_docker_exports_a_pool_of_verified_bundles(tmp_path, log):
         line = next(json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
                     if json.loads(x)["name"] == name)
         assert line["verification"]["oracle_reward"] == 1.0 and line["verification"]["untouched_reward"] == 0.0
+
+
+def _seed_dir(tmp_path, broken: dict[str, dict[str, bytes | None]]) -> Path:
+    """The first three built-in seeds plus broken copies (path -> new bytes, None deletes)."""
+    from envsched_jax.forge.bundle import write_bundle
+
+    folder = tmp_path / "seeds"
+    seeds = builtin_seeds()[:3]
+    for name, params in seeds:
+        write_bundle(to_bundle(name, params), folder / name)
+    base = to_bundle(*seeds[0])
+    for name, changes in broken.items():
+        files = dict(base.files)
+        for path, data in changes.items():
+            if data is not None:
+                files[path] = type(files["tests/test.sh"])(data, path.endswith(".sh"))
+        write_bundle(base.with_files(files), folder / name)
+        for path, data in changes.items():
+            if data is None:   # a bundle without it cannot even be built in memory: delete on disk
+                (folder / name / path).unlink()
+    return folder
+
+
+def _log_for(folder: Path, tmp_path: Path) -> Path:
+    names = [p.name for p in folder.iterdir() if p.is_dir()]
+    return write_rollout_log([(n, float(k % 2)) for n in names for k in range(4)], tmp_path / "log.jsonl")
+
+
+def test_bad_seeds_are_rejected_by_the_named_check_and_the_run_continues(tmp_path):
+    folder = _seed_dir(tmp_path, {
+        "net": {"solution/solve.sh": b"#!/bin/bash\ncurl http://example.com > /app/x\n"},
+        "hostpath": {"tests/test.sh": b"#!/bin/bash\ncat /var/run/docker.sock\n"},
+        "nodockerfile": {"environment/Dockerfile": None},
+    })
+    (folder / "garbage").mkdir()
+    (folder / "garbage" / "notes.txt").write_text("not a bundle")
+    cfg = SynthesisConfig(seeds=str(folder), rollout_log=str(_log_for(folder, tmp_path)), num_exports=3,
+                          out=str(tmp_path / "run"))
+    report = synthesize(cfg, verifier=PassingChecks(), progress=False, log=lambda _: None)
+    rejected = {r["seed"]: r for r in report["seeds_rejected"]}
+    assert set(rejected) == {"net", "hostpath", "nodockerfile", "garbage"}
+    assert rejected["net"]["check"] == "safety" and "network use" in rejected["net"]["reason"]
+    assert rejected["hostpath"]["check"] == "safety" and "host path" in rejected["hostpath"]["reason"]
+    assert rejected["garbage"]["check"] == "read" and "garbage" in rejected["garbage"]["reason"]
+    assert rejected["nodockerfile"]["check"] == "read" and "environment/Dockerfile: missing" in rejected["nodockerfile"]["reason"]
+    assert report["num_seeds"] == 3 and report["exported"] == 3
+    assert not any(n.startswith(("net", "hostpath", "nodockerfile", "garbage")) for n in report["exports"])
+    assert json.loads((tmp_path / "run" / "seeds_rejected.json").read_text()) == report["seeds_rejected"]
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_NO_DOCKER is not None, reason=f"no Docker engine here: {_NO_DOCKER}")
+def test_seeds_failing_the_executed_checks_are_rejected_in_docker(tmp_path):
+    folder = _seed_dir(tmp_path, {
+        "badbuild": {"environment/Dockerfile": b"FROM envsched-forge-base\nCOPY missing/ /app/\n"},
+        "badoracle": {"solution/solve.sh": b"#!/bin/bash\nexit 0\n"},
+        "passes": {"tests/test.sh": b"#!/bin/bash\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"},
+    })
+    cfg = SynthesisConfig(seeds=str(folder), rollout_log=str(_log_for(folder, tmp_path)), num_exports=2,
+                          out=str(tmp_path / "run"))
+    verifier = DockerVerifier(VerifyConfig(oracle_timeout_s=30, test_timeout_s=30))
+    report = synthesize(cfg, verifier=verifier, progress=False, log=lambda _: None)
+    rejected = {r["seed"]: (r["check"], r["reason"]) for r in report["seeds_rejected"]}
+    assert rejected["badbuild"][0] == "build" and "docker build failed" in rejected["badbuild"][1]
+    assert rejected["badoracle"][0] == "oracle" and "gave reward 0.0" in rejected["badoracle"][1]
+    assert rejected["passes"][0] == "untouched"
+    assert report["exported"] == 2 and report["num_seeds"] == 3

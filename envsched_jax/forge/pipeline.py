@@ -3,8 +3,14 @@
 seeds/001 section 3 end to end, as one function (:func:`synthesize`, driven by
 ``experiments/forge_synthesize.py``):
 
-1. **Seeds**: every bundle folder of ``seeds`` (``builtin`` writes the 25 built-in seeds of
-   :mod:`~envsched_jax.forge.families` into the run folder first).
+1. **Seeds and their preflight** (appendix A.4: representative containers are built and the
+   oracle-plus-test path run before anything else): every bundle folder of ``seeds`` (``builtin``
+   writes the 25 built-in seeds of :mod:`~envsched_jax.forge.families` into the run folder first)
+   goes through gold verification itself. A seed that cannot be read, or fails a check (a broken
+   Dockerfile, an oracle that fails, tests that pass on the untouched workspace, network use, host
+   paths...), is left out with the check and its cause in ``seeds_rejected.json`` and the report;
+   the run continues with the others. Results are kept by content hash, so a resumed run does not
+   verify a seed again.
 2. **Pass rates** (:mod:`~envsched_jax.forge.passrate`): passes / rollouts of each seed in the
    rollout log, with a Jeffreys interval; seeds with no rollouts take ``predicted`` (a JSON file
    task_id -> mean reward, e.g. EnvSched's posterior, ``passrate.predicted_mean_rewards``),
@@ -120,8 +126,9 @@ class SynthesisConfig:
 # Inputs
 
 
-def load_seeds(spec: str, run_dir: Path) -> list[TaskBundle]:
-    """The seed bundles named by ``spec`` in Harbor layout, sorted by name (module docstring)."""
+def load_seeds(spec: str, run_dir: Path) -> tuple[list[TaskBundle], list[dict[str, str]]]:
+    """The readable seed bundles named by ``spec`` in Harbor layout, sorted by name, and one
+    ``{seed, check: "read", reason}`` per folder that is not a readable bundle."""
     if spec == "builtin":
         from envsched_jax.forge.families import write_builtin_seeds
 
@@ -132,14 +139,41 @@ def load_seeds(spec: str, run_dir: Path) -> list[TaskBundle]:
         folder = Path(spec)
         if not folder.is_dir():
             raise ForgeInputError(f"seeds {spec!r}: not a directory of bundle folders")
-    bundles = []
+    bundles, rejected = [], []
     for child in sorted(folder.iterdir()):
         if child.is_dir():
-            bundle = read_bundle(child)
-            bundles.append(bundle if bundle.layout == "harbor" else convert(bundle, "harbor"))
-    if not bundles:
+            try:
+                bundle = read_bundle(child)
+                bundles.append(bundle if bundle.layout == "harbor" else convert(bundle, "harbor"))
+            except BundleError as err:
+                rejected.append({"seed": child.name, "check": "read", "reason": str(err)})
+    if not bundles and not rejected:
         raise ForgeInputError(f"seeds {str(folder)!r}: no bundle folders in it")
-    return bundles
+    return bundles, rejected
+
+
+def preflight(seeds: Sequence[TaskBundle], verifier, config: VerifyConfig, cache_file: Path
+              ) -> tuple[list[TaskBundle], list[dict[str, str]]]:
+    """Gold verification of every seed (module docstring, step 1): the seeds that pass, and one
+    ``{seed, check, reason}`` per seed that fails. Verdicts are cached in ``cache_file`` by the
+    bundle's content hash."""
+    cache = json.loads(cache_file.read_text(encoding="utf-8")) if cache_file.exists() else {}
+    good, rejected = [], []
+    for bundle in seeds:
+        key = bundle.content_hash()
+        if key not in cache:
+            result = verify_bundle(bundle, verifier, config=config)
+            failed = result.failed_check
+            cache[key] = {"seed": bundle.name, "accepted": result.accepted,
+                          "check": failed.name if failed else ("build" if not result.accepted else ""),
+                          "reason": failed.reason if failed else ("" if result.accepted else "not executed")}
+            _write_json(cache_file, cache)
+        verdict = cache[key]
+        if verdict["accepted"]:
+            good.append(bundle)
+        else:
+            rejected.append({"seed": bundle.name, "check": verdict["check"], "reason": verdict["reason"]})
+    return good, rejected
 
 
 def load_skill_graph(path: str | None) -> SkillGraph:
@@ -189,6 +223,7 @@ class _Run:
     rates: dict[str, PassRate]
     selection: Selection
     decisions: dict[str, dict[str, Any]]
+    seeds_rejected: list[dict[str, str]]
     exports: list[TaskBundle] = dataclasses.field(default_factory=list)
     results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
@@ -237,11 +272,17 @@ def make_materializer(config: SynthesisConfig) -> Materializer:
     return LLMMaterializer(client, budget=config.llm.budget, max_tokens=config.llm.max_tokens)
 
 
-def prepare(config: SynthesisConfig) -> _Run:
+def prepare(config: SynthesisConfig, verifier) -> _Run:
     """Steps 1-3 of the module docstring, and the resume checks."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    seeds = load_seeds(config.seeds, out)
+    readable, unreadable = load_seeds(config.seeds, out)
+    seeds, failed = preflight(readable, verifier, config.verify, out / "seed_preflight.json")
+    rejected = unreadable + failed
+    _write_json(out / "seeds_rejected.json", rejected)
+    if not seeds:
+        raise ForgeInputError(f"no seed passed the preflight ({len(rejected)} rejected; see "
+                              f"{out / 'seeds_rejected.json'}): {rejected[:3]}")
     ids = [b.name for b in seeds]
     records = read_rollout_log(config.rollout_log) if config.rollout_log else []
     predicted = None
@@ -274,7 +315,7 @@ def prepare(config: SynthesisConfig) -> _Run:
     else:
         _write_json(run_file, record)
     (out / "selection.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    run = _Run(config, out, {b.name: b for b in seeds}, rates, selection, decisions)
+    run = _Run(config, out, {b.name: b for b in seeds}, rates, selection, decisions, rejected)
     _reload(run)
     return run
 
@@ -326,11 +367,13 @@ def synthesize(config: SynthesisConfig, *, materializer: Materializer | None = N
     ``materializer`` and ``verifier`` override what the configuration would make (tests pass
     scripted ones); a verifier is always needed, since nothing is exported unverified."""
     start = time.perf_counter()
-    run = prepare(config)
+    verifier = verifier or DockerVerifier(config.verify)
+    run = prepare(config, verifier)
+    for r in run.seeds_rejected:
+        log(f"seed {r['seed']} rejected by the preflight ({r['check']}): {r['reason']}")
     log(f"{len(run.seeds)} seeds; selection: {run.selection.backend} ({run.selection.status}), objective "
         f"{run.selection.objective:.4f} in {run.selection.solve_seconds:.3f} s")
     materializer = materializer or make_materializer(config)
-    verifier = verifier or DockerVerifier(config.verify)
     done = {r["name"] for r in run.results}
     accepted = sum(r["accepted"] for r in run.results)
     todo = [item for item in plan(run.selection, run.decisions, list(run.seeds), config.recipe, config.max_rounds)
@@ -393,7 +436,7 @@ def build_report(run: _Run, seconds: float, builds: int, cache_hits: int) -> dic
     band = run.config.forge.frontier
     return {
         "recipe": run.config.recipe, "mode": run.config.mode, "materializer": run.config.materializer,
-        "num_seeds": len(run.seeds), "num_exports_target": run.config.num_exports,
+        "num_seeds": len(run.seeds), "seeds_rejected": run.seeds_rejected, "num_exports_target": run.config.num_exports,
         "exported": len(exported), "requests": len(results),
         "missing": max(run.config.num_exports - len(exported), 0),
         "solver": {"backend": run.selection.backend, "status": run.selection.status,
