@@ -241,3 +241,26 @@ def test_seeds_failing_the_executed_checks_are_rejected_in_docker(tmp_path):
     assert rejected["badoracle"][0] == "oracle" and "gave reward 0.0" in rejected["badoracle"][1]
     assert rejected["passes"][0] == "untouched"
     assert report["exported"] == 2 and report["num_seeds"] == 3
+
+
+class FlakyEngine(PassingChecks):
+    """The engine refuses one container start, as a failing Docker daemon would."""
+
+    def __init__(self, fail_on: int):
+        super().__init__()
+        self.calls, self.fail_on = 0, fail_on
+
+    def run_checks(self, bundle):
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise RuntimeError("500 Server Error: failed to start shim")
+        return super().run_checks(bundle)
+
+
+def test_an_engine_failure_rejects_one_attempt_by_name_and_the_run_continues(tmp_path, log):
+    report = synthesize(_config(tmp_path, log, num_exports=3), verifier=FlakyEngine(fail_on=27), progress=False,
+                        log=lambda _: None)
+    assert report["exported"] == 3 and report["failed_attempts_by_check"] == {"infrastructure": 1}
+    line = next(json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+                if json.loads(x)["attempts"][0]["failed"])
+    assert "failed to start shim" in line["attempts"][0]["reason"] and line["accepted"]   # repaired

@@ -77,7 +77,8 @@ class MaterializeRequest:
 
 
 FailureKind = Literal["parse", "inapplicable", "generation", "schema", "safety", "length", "overlap", "sync",
-                      "build", "oracle", "untouched"]
+                      "build", "oracle", "untouched", "infrastructure"]
+"""``infrastructure``: the engine failed, not the bundle (:func:`envsched_jax.forge.pipeline.guarded_verify`)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,7 +62,7 @@ from envsched_jax.forge.candidates import ForgeConfig, ForgeInputError, SeedSpec
 from envsched_jax.forge.materialize import MaterializeRequest, MaterializeResult, Materializer
 from envsched_jax.forge.milp import Selection, make_problem, select_actions
 from envsched_jax.forge.passrate import PassRate, estimate_pass_rates, read_rollout_log
-from envsched_jax.forge.verify import DockerVerifier, VerifyConfig, verify_bundle
+from envsched_jax.forge.verify import CheckResult, DockerVerifier, Verification, VerifyConfig, verify_bundle
 
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
@@ -152,6 +152,16 @@ def load_seeds(spec: str, run_dir: Path) -> tuple[list[TaskBundle], list[dict[st
     return bundles, rejected
 
 
+def guarded_verify(bundle: TaskBundle, verifier, **kw) -> Verification:
+    """:func:`~envsched_jax.forge.verify.verify_bundle`, with an engine failure (the Docker API
+    refusing a build or a container start, a lost connection) turned into a rejection by the
+    ``infrastructure`` check that names it, so one failure never ends a run of many bundles."""
+    try:
+        return verify_bundle(bundle, verifier, **kw)
+    except Exception as err:  # noqa: BLE001 - any engine error; the bundle is rejected, named
+        return Verification(bundle.name, False, (CheckResult("infrastructure", False, f"{type(err).__name__}: {err}"),))
+
+
 def preflight(seeds: Sequence[TaskBundle], verifier, config: VerifyConfig, cache_file: Path
               ) -> tuple[list[TaskBundle], list[dict[str, str]]]:
     """Gold verification of every seed (module docstring, step 1): the seeds that pass, and one
@@ -162,7 +172,7 @@ def preflight(seeds: Sequence[TaskBundle], verifier, config: VerifyConfig, cache
     for bundle in seeds:
         key = bundle.content_hash()
         if key not in cache:
-            result = verify_bundle(bundle, verifier, config=config)
+            result = guarded_verify(bundle, verifier, config=config)
             failed = result.failed_check
             cache[key] = {"seed": bundle.name, "accepted": result.accepted,
                           "check": failed.name if failed else ("build" if not result.accepted else ""),
@@ -390,7 +400,7 @@ def synthesize(config: SynthesisConfig, *, materializer: Materializer | None = N
 
             def verify(bundle: TaskBundle, seed=seed, timing=timing):
                 t0 = time.perf_counter()
-                result = verify_bundle(bundle, verifier, parent=seed, others=run.exports, config=config.verify)
+                result = guarded_verify(bundle, verifier, parent=seed, others=run.exports, config=config.verify)
                 timing["seconds"] += time.perf_counter() - t0
                 timing["executed"] += any(c.name == "build" for c in result.checks)
                 return result
