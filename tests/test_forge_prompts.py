@@ -15,7 +15,7 @@ from envsched_jax.forge import families
 from envsched_jax.forge import prompts as P
 from envsched_jax.forge.actions import (ACTION_INDEX, ACTIONS, ARTIFACTS, FrontierConfig, TransferPriors,
                                         edit_mask, frontier_score, projected_pass_rate)
-from envsched_jax.forge.bundle import convert
+from envsched_jax.forge.bundle import BundleFile, convert
 from envsched_jax.forge.candidates import ForgeConfig, SeedSpec, build_candidates
 from envsched_jax.forge.milp import make_problem, select_actions
 from envsched_jax.forge.verify import VerifyConfig, check_safety, declared_requirements
@@ -384,16 +384,30 @@ def test_long_binary_and_overflowing_seed_files_are_marked():
     bundle = SEED.with_file("environment/app/logs/app.log", long_log.encode()).with_file(
         "environment/app/zz.bin", b"\xff\xfe\x00\x01")
     text = P.render_seed_files(bundle, P.PromptConfig(max_file_chars=500))
-    block = text.split("<<<FILE environment/app/logs/app.log")[1].split("<<<END environment/app/logs/app.log>>>")[0]
+    block = text.split("<<<FILE environment/app/logs/app.log")[1].split("<<<END FILE>>>")[0]
     assert f"environment/app/logs/app.log is cut here: {len(long_log) - 500} more characters not shown" in block
     assert len(block) < 500 + 300
     assert "<<<FILE environment/app/zz.bin (binary, shown as base64, 4 bytes)>>>\n//4AAQ==" in text
-    assert "<<<FILE solution/solve.sh (executable," in text
-    tight = P.render_seed_files(bundle, P.PromptConfig(max_file_chars=500, max_seed_chars=1200))
-    assert "[not shown: the seed files shown so far reach the prompt's limit]" in tight
-    assert tight.count("<<<FILE ") == len(bundle.files)                # every file is still listed
+    assert "<<<FILE solution/solve.sh (executable," in text and "Not shown" not in text
+    # the task-defining files first (instruction, metadata, Dockerfile, oracle, tests), fixtures last
     order = re.findall(r"<<<FILE (\S+)", text)
-    assert order[:2] == ["instruction.md", "task.toml"] and order[2:] == sorted(order[2:])
+    assert order[:3] == ["instruction.md", "task.toml", "environment/Dockerfile"]
+    assert [p.split("/")[0] for p in order[3:]] == sorted((p.split("/")[0] for p in order[3:]),
+                                                         key=["solution", "tests", "environment"].index)
+    assert order == order[:3] + sorted(order[3:], key=lambda p: (["solution", "tests", "environment"].index(
+        p.split("/")[0]), p))
+    # a tight budget cuts, then lists what it cannot show; the section stays within it
+    budget = 4000
+    tight = P.render_seed_files(bundle, P.PromptConfig(max_file_chars=2000, max_seed_chars=budget))
+    shown, _, listing = tight.partition("Not shown (the prompt's room for seed files is used up): ")
+    assert listing and len(shown) <= budget
+    names = re.findall(r"<<<FILE (\S+)", shown) + re.findall(r"(?:^|; )(\S+) \(\d+ bytes\)", listing)
+    assert sorted(names) == sorted(bundle.files)                       # every file is shown or listed
+    assert "environment/app/logs/app.log (" in listing and "<<<FILE instruction.md" in shown
+    many = bundle.with_files({**bundle.files, **{f"environment/app/extra/{k:03d}.txt": BundleFile(b"x" * 300)
+                                                  for k in range(60)}})
+    crowded = P.render_seed_files(many, P.PromptConfig(max_seed_chars=budget))
+    assert re.search(r"; and \d+ more files\.$", crowded) and crowded.count(" bytes);") + 1 <= 30 + 1
 
 
 def test_a_terminal_bench_1_seed_is_shown_in_its_harbor_form():
@@ -410,7 +424,7 @@ def test_candidate_prompt_sizes_fill_seed_spec_prompt_tokens_before_solving():
     for size, decision in zip(sizes, decisions):
         messages = P.request_messages(SEED, decision, "forge", rollouts=15)
         assert size.chars == sum(len(m["content"]) for m in messages)
-        assert size.tokens == sum(math.ceil(len(m["content"]) / 4) for m in messages)
+        assert size.tokens == sum(math.ceil(len(m["content"]) / 2.75) for m in messages)
     assert len({s.chars for s in sizes}) > 1                              # the candidates' prompts differ
     # the record a candidate would have matches the MILP's record of the same action, by skill names
     chosen = _selected(8 / 15)
@@ -443,10 +457,17 @@ def test_candidate_prompt_tokens_from_the_seed_alone_are_close_to_the_exact_coun
         exact = P.candidate_prompt_tokens(SEED, _spec(pass_rate), **kwargs)
         assert exact == tuple(s.tokens for s in P.candidate_prompt_sizes(SEED, _spec(pass_rate), "forge", **kwargs))
         # the band names differ by a few characters; the predicted source line is the longer one
-        assert all(-3 <= r - e <= 10 for r, e in zip(rough, exact)), (pass_rate, rough, exact)
+        assert all(-3 <= r - e <= 12 for r, e in zip(rough, exact)), (pass_rate, rough, exact)
     graph = P.candidate_prompt_tokens(SEED, _spec(8 / 15), graph=families.SKILL_GRAPH, rollouts=15)
     assert graph == tuple(s.tokens for s in P.candidate_prompt_sizes(SEED, _spec(8 / 15), "forge",
                                                                        graph=families.SKILL_GRAPH, rollouts=15))
     for recipe in FIXED:                                 # C.2 bounds every fixed recipe's prompt
         fixed = P.candidate_prompt_tokens(SEED, recipe=recipe)
         assert all(f < r for f, r in zip(fixed, rough)), recipe
+
+
+def test_every_builtin_seeds_prompts_fit_the_selections_prompt_limit():
+    limit = ForgeConfig().max_prompt_tokens
+    for name, params in families.builtin_seeds():
+        tokens = P.candidate_prompt_tokens(families.to_bundle(name, params))
+        assert max(tokens) <= limit, (name, tokens)

@@ -55,8 +55,10 @@ measures it (:class:`PromptSize`: characters, and tokens estimated at
 
 CHOICES where the paper is silent (each stated where it is made): the reward bands
 (:func:`reward_band`), the artifact-to-path mapping of the edit mask (:data:`ARTIFACT_PATHS`),
-seed files cut at ``PromptConfig.max_file_chars`` characters with a marker and binary files shown
-as base64, and the parser's size limits (:class:`ReplyLimits`).
+the seed files shown task-defining files first, fixtures last, within a character budget that keeps
+every built-in seed's C.2 prompt under 8192 tokens (longer files cut with a marker, files beyond
+the budget listed by name, binary files as base64: :func:`render_seed_files`), the token estimate
+(:data:`CHARS_PER_TOKEN`), and the parser's size limits (:class:`ReplyLimits`).
 """
 
 from __future__ import annotations
@@ -78,9 +80,14 @@ from envsched_jax.forge.candidates import ForgeConfig, SeedSpec, SkillGraph, can
 from envsched_jax.forge.verify import VerifyConfig, declared_requirements
 
 PROMPT_VERSION = "forge-appendix-c/1"
-CHARS_PER_TOKEN = 4.0
-"""Characters per token of :func:`estimate_tokens`: the usual rule of thumb for BPE vocabularies
-on English and code. Pass a tokenizer's counter for an exact count."""
+CHARS_PER_TOKEN = 2.75
+"""Characters per token of :func:`estimate_tokens`. Measured: SmolLM2-135M's tokenizer gives
+2.76-3.19 characters per token on the C.2 prompts of four built-in seeds (instruction prose, TOML,
+JSON fixtures, bash and Python), well below the 4 of the English-prose rule of thumb. The low end
+is taken so that the estimate rarely undercounts, since an undercount would let an over-long
+prompt through ``ForgeConfig.max_prompt_tokens``; tokenizers with larger vocabularies pack more
+characters per token, for which the estimate errs high. Pass a tokenizer's counter for an exact
+count."""
 
 Message = dict[str, str]
 Messages = tuple[Message, ...]
@@ -207,7 +214,9 @@ class PromptConfig:
       verify: the gold verification's limits and allowed base images, stated in the contract.
       limits: the reply parser's limits, stated in the contract.
       max_file_chars: characters of one seed file shown; longer files are cut with a marker.
-      max_seed_chars: characters of seed files shown in all; later files are listed, not shown.
+      max_seed_chars: characters of the seed files' section (markers included); files beyond it are
+        listed, not shown. With the defaults a C.2 prompt of any built-in seed stays within
+        ``ForgeConfig.max_prompt_tokens`` (8192) by the estimate of :func:`estimate_tokens`.
       max_log_chars: characters of each log tail a repair prompt quotes.
       max_previous_reply_chars: characters of the previous reply kept in a repair conversation.
     """
@@ -215,8 +224,8 @@ class PromptConfig:
     forge: ForgeConfig = ForgeConfig()
     verify: VerifyConfig = VerifyConfig()
     limits: ReplyLimits = ReplyLimits()
-    max_file_chars: int = 6_000
-    max_seed_chars: int = 48_000
+    max_file_chars: int = 3_000
+    max_seed_chars: int = 12_000
     max_log_chars: int = 2_000
     max_previous_reply_chars: int = 64_000
 
@@ -337,16 +346,36 @@ def _cut(text: str, limit: int, what: str) -> str:
             "new content for this file ...]")
 
 
+_SHOW_FIRST = ("instruction.md", "task.toml", "environment/Dockerfile", "solution/", "tests/")
+_END_FILE = "<<<END FILE>>>"
+_MIN_SHOWN = 200
+"""Fewest characters of a file worth showing; a file with less room left is only listed."""
+_CUT_RESERVE = 160
+"""Room kept for the marker of a cut file."""
+_MAX_LISTED = 30
+"""Files not shown that are listed by name; the rest are counted."""
+
+
+def _show_order(path: str) -> tuple[int, str]:
+    """Instruction, metadata, Dockerfile, oracle, tests, then the fixtures: the files that define
+    the task come before the data, which a rewrite regenerates anyway and which a cut costs least."""
+    rank = next((k for k, head in enumerate(_SHOW_FIRST) if path == head or (head.endswith("/") and
+                                                                              path.startswith(head))),
+                len(_SHOW_FIRST))
+    return rank, path
+
+
 def render_seed_files(seed: TaskBundle, config: PromptConfig = PromptConfig()) -> str:
-    """The seed's files between ``<<<FILE path>>>`` / ``<<<END path>>>`` markers, instruction.md
-    and task.toml first, then by path. A file longer than ``max_file_chars`` is cut with a marker;
-    a binary (non-UTF-8) file is shown as base64; once ``max_seed_chars`` are shown the remaining
-    files are listed by path and size only."""
+    """The seed's files between ``<<<FILE path (...)>>>`` / ``<<<END FILE>>>`` markers, in the
+    order of :func:`_show_order`, within ``max_seed_chars`` characters (markers included).
+
+    A file longer than ``max_file_chars``, or than the room left, is cut with a marker; a binary
+    (non-UTF-8) file is shown as base64; a file for which fewer than :data:`_MIN_SHOWN` characters
+    are left is not shown, and such files are listed by path and size at the end (at most
+    :data:`_MAX_LISTED` of them by name)."""
     bundle = _harbor_seed(seed)
-    first = [p for p in ("instruction.md", "task.toml") if p in bundle.files]
-    order = first + sorted(p for p in bundle.files if p not in first)
-    blocks, shown = [], 0
-    for path in order:
+    blocks, hidden, used = [], [], 0
+    for path in sorted(bundle.files, key=_show_order):
         entry = bundle.files[path]
         flags = ["executable"] if entry.executable else []
         try:
@@ -355,13 +384,20 @@ def render_seed_files(seed: TaskBundle, config: PromptConfig = PromptConfig()) -
             text = base64.b64encode(entry.data).decode("ascii")
             flags.append("binary, shown as base64")
         head = f"<<<FILE {path} ({', '.join(flags + [f'{len(entry.data)} bytes'])})>>>"
-        if shown >= config.max_seed_chars:
-            blocks.append(f"{head}\n[not shown: the seed files shown so far reach the prompt's limit]\n"
-                          f"<<<END {path}>>>")
+        room = config.max_seed_chars - used - len(head) - len(_END_FILE) - 4
+        if len(text) <= min(config.max_file_chars, room):
+            body = text
+        elif min(config.max_file_chars, room - _CUT_RESERVE) >= _MIN_SHOWN:
+            body = _cut(text, min(config.max_file_chars, room - _CUT_RESERVE), f"{path} is cut here")
+        else:
+            hidden.append(f"{path} ({len(entry.data)} bytes)")
             continue
-        body = _cut(text, min(config.max_file_chars, config.max_seed_chars - shown), f"{path} is cut here")
-        shown += len(body)
-        blocks.append(f"{head}\n{body}\n<<<END {path}>>>")
+        blocks.append(f"{head}\n{body}\n{_END_FILE}")
+        used += len(blocks[-1]) + 2
+    if hidden:
+        more = len(hidden) - _MAX_LISTED
+        blocks.append("Not shown (the prompt's room for seed files is used up): " + "; ".join(hidden[:_MAX_LISTED])
+                      + (f"; and {more} more files" if more > 0 else "") + ".")
     return "\n\n".join(blocks)
 
 
