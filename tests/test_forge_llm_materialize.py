@@ -157,6 +157,17 @@ def test_client_errors_are_recorded_and_count_against_the_budget():
     assert len(down.attempts) == 3 and down.materialized == 0
 
 
+def test_an_engine_failure_ends_the_request_without_a_repair():
+    client = Recording(GOOD_REPLY, GOOD_REPLY)
+
+    def engine_down(bundle):
+        return Verification(bundle.name, False, (CheckResult("infrastructure", False, "APIError: 500 start"),))
+
+    result = LLMMaterializer(client).materialize(_request(), engine_down)
+    assert not result.accepted and result.failure == "infrastructure" and len(client.calls) == 1
+    assert result.attempts[0].reason == "APIError: 500 start" and result.attempts[0].materialized
+
+
 def test_verification_logs_reach_the_repair_prompt_as_bounded_tails():
     log = "".join(f"FAIL check_{k} AssertionError: counts differ\n" for k in range(300))
     calls = []

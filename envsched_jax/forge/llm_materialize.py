@@ -16,7 +16,8 @@ in-process JAX sampler, a scripted client in tests). One request runs at most ``
    the gold checks; the first failed check names the failure;
 5. a failure is answered by :func:`~envsched_jax.forge.prompts.repair_messages` (same policy, the
    reason and log tails quoted, the complete bundle asked for again) until a bundle is accepted
-   or the calls are spent.
+   or the calls are spent. An ``infrastructure`` failure (the engine failed, not the bundle) is not
+   the model's to repair: the request ends there, named, and the caller may retry it.
 
 A failed client call (``ChatReply.error``) is recorded as ``generation`` and counts against the
 budget; the next call re-sends the same messages, since there is no reply to repair, and keeps
@@ -126,6 +127,8 @@ class LLMMaterializer:
                 attempts.append(attempt)
                 if verification.accepted:
                     return result(bundle, verification)
+                if attempt.failed == "infrastructure":
+                    break
                 failure = Failure(str(attempt.failed), attempt.reason, dict(verification.logs))
             messages = self._repair(first, reply.text, request, failure)
         return result(None, verification)
