@@ -6,8 +6,8 @@ FORGE and the fixed recipes, which are action masks of the same model) runs the 
 (``experiments/forge_synthesize.py``: same seeds, same log, same materialiser, same gold
 verification) to the same number of verified exports. The exports are then placed relative to the
 policy's learning frontier: their true pass probability under that policy and a ``--k``-rollout
-estimate, the share inside the band |p - 0.5| <= 0.2, the shares below / above it, the mean
-frontier score; and what each recipe spent (requests, materialised directories, LLM tokens, time).
+estimate, the share inside the frontier band (``forge.actions.frontier_band``: 0.2 to 0.8), the
+shares below / above it, the mean frontier score; and what each recipe spent (requests, materialised directories, LLM tokens, time).
 
 This measures selection, not learning: the policy is simulated and the materialiser programmatic.
 It says nothing about the paper's downstream Pass@1 gains, which need a policy trained on the
@@ -58,7 +58,7 @@ def main(args: Args) -> dict:
     for policy_seed in args.policy_seeds:
         policy = SkillCompetencePolicy.draw(policy_seed)
         log = write_rollout_log(policy.rollouts(seeds, args.k, policy_seed), args.out / f"rollouts_p{policy_seed}.jsonl")
-        seed_place = frontier_placement(seeds, policy, k=args.k, seed=policy_seed)
+        seed_place = frontier_placement(seeds, policy, k=args.k, seed=policy_seed, frontier=args.base.forge.frontier)
         rows.append({"recipe": "seeds", "policy": policy_seed, "exported": len(seeds),
                      **{f"true_{m}": seed_place["true"][m] for m in METRICS},
                      **{f"est_{m}": seed_place["estimated"][m] for m in METRICS}})
@@ -68,7 +68,8 @@ def main(args: Args) -> dict:
             report = synthesize(cfg, progress=False, log=lambda _: None)
             exports = [read_bundle(Path(cfg.out) / "exports" / name) for name in report["exports"]]
             # the estimate draws from a stream no synthesis saw (seed + 1000)
-            place = frontier_placement(exports, policy, k=args.k, seed=policy_seed + 1000)
+            place = frontier_placement(exports, policy, k=args.k, seed=policy_seed + 1000,
+                                       frontier=args.base.forge.frontier)
             rows.append({"recipe": recipe, "policy": policy_seed, "exported": report["exported"],
                          "requests": report["requests"], "materialized": report["materialized"],
                          "tokens": report["prompt_tokens"] + report["completion_tokens"],

@@ -65,3 +65,20 @@ def test_bad_values_are_named():
         SkillCompetencePolicy({}).pass_probability(families.LogsParams())
     with pytest.raises(ValueError, match="k must be an int >= 1"):
         SkillCompetencePolicy.draw(0).rollouts([], 0, 0)
+
+
+def test_frontier_placement_counts_each_bundle_once_against_the_shared_band():
+    from envsched_jax.forge.actions import FrontierConfig, frontier_band
+    from envsched_jax.forge.simulated_policy import frontier_placement
+
+    assert frontier_band() == pytest.approx((0.2, 0.8))
+    assert frontier_band(FrontierConfig(center=0.9, width=0.2)) == pytest.approx((0.6, 1.0))
+    policy = SkillCompetencePolicy.draw(0)
+    bundles = [families.to_bundle(n, p) for n, p in families.builtin_seeds()]
+    place = frontier_placement(bundles, policy, k=15, seed=0)
+    true = np.array([r["true"] for r in place["rows"]])
+    for view in ("true", "estimated"):
+        s = place[view]
+        assert s["in_band"] + s["below"] + s["above"] == pytest.approx(1.0)
+    assert place["true"]["in_band"] == pytest.approx(np.mean((true >= 0.2) & (true <= 0.8)))
+    assert place["true"]["frontier_score"] == pytest.approx(np.mean(np.exp(-((true - 0.5) ** 2) / 0.08)))

@@ -127,6 +127,17 @@ def frontier_score(p, frontier: FrontierConfig = FrontierConfig()):
     return out if out.ndim else float(out)
 
 
+def frontier_band(frontier: FrontierConfig = FrontierConfig()) -> tuple[float, float]:
+    """The learning frontier as a band of pass rates, ``center -+ 1.5 width`` clipped to [0, 1]
+    (0.2 to 0.8 at the defaults), where the frontier score has fallen to exp(-1.125) = 0.32.
+
+    CHOICE (the paper names reward bands, not their edges). Below the band a seed is
+    *overmatched* (the policy rarely solves it), above it *saturated*. One definition serves the
+    C.2 prompt's reward bands (:func:`envsched_jax.forge.prompts.reward_band`) and the reports of
+    where exports land (:mod:`envsched_jax.forge.pipeline`, :mod:`envsched_jax.forge.simulated_policy`)."""
+    return (max(frontier.center - 1.5 * frontier.width, 0.0), min(frontier.center + 1.5 * frontier.width, 1.0))
+
+
 # Which artifacts each action must rewrite (True) -- the edit mask handed to materialisation.
 _MASKS: dict[str, tuple[str, ...]] = {
     "increase_complexity/in_depth": ("instruction", "data", "solution", "tests"),

@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from envsched_jax.forge.actions import RECIPES
+from envsched_jax.forge.actions import RECIPES, frontier_band
 from envsched_jax.forge.bundle import BundleError, TaskBundle, convert, read_bundle, write_bundle
 from envsched_jax.forge.candidates import ForgeConfig, ForgeInputError, SeedSpec, SkillGraph, build_candidates
 from envsched_jax.forge.materialize import MaterializeRequest, MaterializeResult, Materializer
@@ -211,14 +211,24 @@ def seed_spec(bundle: TaskBundle, rate: PassRate, prompt_tokens: int | tuple[int
                     prompt_tokens=prompt_tokens)
 
 
-def _prompt_tokens(materializer: str, bundle: TaskBundle) -> int | tuple[int, ...]:
-    """Prompt length per candidate, a constant fixed before solving (appendix A.2). The
-    programmatic materialiser sends no prompt (0)."""
-    if materializer != "llm":
+def _prompt_tokens(config: SynthesisConfig, bundle: TaskBundle, spec: SeedSpec, graph: SkillGraph,
+                   rate: PassRate) -> int | tuple[int, ...]:
+    """Prompt length per candidate, a constant fixed before solving (appendix A.2): the exact first
+    prompt each candidate would send. The programmatic materialiser sends no prompt (0)."""
+    if config.materializer != "llm":
         return 0
     from envsched_jax.forge import prompts
 
-    return prompts.candidate_prompt_tokens(bundle)
+    return prompts.candidate_prompt_tokens(bundle, spec, config.recipe, graph=graph, pass_rate_source=rate.source,
+                                           rollouts=rate.rollouts, config=prompt_config(config))
+
+
+def prompt_config(config: SynthesisConfig):
+    """The prompts' settings: the selection's ForgeConfig (its priors give the C.2 projections)
+    and the verification limits the contract states."""
+    from envsched_jax.forge.prompts import PromptConfig
+
+    return PromptConfig(forge=config.forge, verify=config.verify)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +289,8 @@ def make_materializer(config: SynthesisConfig) -> Materializer:
         raise ForgeInputError("materializer 'llm' needs --llm.model (the served model's name)")
     client = OpenAIChatClient(config.llm.base_url, config.llm.model, api_key=os.environ.get(config.llm.api_key_env),
                               timeout_s=config.llm.timeout_s)
-    return LLMMaterializer(client, budget=config.llm.budget, max_tokens=config.llm.max_tokens)
+    return LLMMaterializer(client, budget=config.llm.budget, max_tokens=config.llm.max_tokens,
+                           prompts=prompt_config(config))
 
 
 def prepare(config: SynthesisConfig, verifier) -> _Run:
@@ -304,8 +315,11 @@ def prepare(config: SynthesisConfig, verifier) -> _Run:
         if not isinstance(predicted, dict):
             raise ForgeInputError(f"predicted rewards {config.predicted}: expected an object task_id -> reward")
     rates = estimate_pass_rates(records, ids, predicted=predicted, min_rollouts=config.min_rollouts)
-    specs = [seed_spec(b, rates[b.name], _prompt_tokens(config.materializer, b)) for b in seeds]
-    cands = build_candidates(specs, load_skill_graph(config.skill_graph), config.forge, recipe=config.recipe)
+    graph = load_skill_graph(config.skill_graph)
+    specs = [seed_spec(b, rates[b.name]) for b in seeds]
+    specs = [dataclasses.replace(spec, prompt_tokens=_prompt_tokens(config, b, spec, graph, rates[b.name]))
+             for b, spec in zip(seeds, specs)]
+    cands = build_candidates(specs, graph, config.forge, recipe=config.recipe)
     num_exports = min(config.num_exports, len(seeds)) if config.mode == "portfolio" else None
     selection = select_actions(cands, config.forge, mode=config.mode, num_exports=num_exports, backend=config.backend)
     problem = make_problem(cands, config.forge, mode=config.mode, num_exports=num_exports)
@@ -443,7 +457,7 @@ def build_report(run: _Run, seconds: float, builds: int, cache_hits: int) -> dic
     exported = [r for r in results if r["accepted"]]
     actions = Counter(d["action"] for d in run.decisions.values() if d["action"])
     lookups = builds + cache_hits
-    band = run.config.forge.frontier
+    low, high = frontier_band(run.config.forge.frontier)
     return {
         "recipe": run.config.recipe, "mode": run.config.mode, "materializer": run.config.materializer,
         "num_seeds": len(run.seeds), "seeds_rejected": run.seeds_rejected, "num_exports_target": run.config.num_exports,
@@ -466,8 +480,7 @@ def build_report(run: _Run, seconds: float, builds: int, cache_hits: int) -> dic
                          "cache_hit_rate": cache_hits / lookups if lookups else None},
         "seconds": seconds,
         "projected_pass_rates": {"mean": _mean([r["projected_pass_rate"] for r in exported]),
-                                 "in_band": _share([abs(r["projected_pass_rate"] - band.center) <= band.width
-                                                    for r in exported])},
+                                 "in_band": _share([low <= r["projected_pass_rate"] <= high for r in exported])},
         "pass_rate_sources": dict(Counter(r.source for r in run.rates.values())),
         "exports": [r["name"] for r in exported],
     }

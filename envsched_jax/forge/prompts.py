@@ -73,8 +73,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from envsched_jax.forge.actions import (ACTIONS, ARTIFACTS, RECIPES, FrontierConfig, action,
-                                        edit_mask, frontier_score, projected_pass_rate, recipe_mask)
+from envsched_jax.forge.actions import (ACTIONS, ARTIFACTS, RECIPES, FrontierConfig, action, edit_mask,
+                                        frontier_band, frontier_score, projected_pass_rate, recipe_mask)
 from envsched_jax.forge.bundle import HARBOR_REWARD_FILE, BundleError, BundleFile, TaskBundle, convert
 from envsched_jax.forge.candidates import ForgeConfig, SeedSpec, SkillGraph, candidate_skills
 from envsched_jax.forge.verify import VerifyConfig, declared_requirements
@@ -446,20 +446,17 @@ Band = Literal["overmatched", "frontier", "saturated"]
 
 
 def reward_band(p: float, frontier: FrontierConfig = FrontierConfig()) -> Band:
-    """Which side of the learning frontier a pass rate lies on.
-
-    CHOICE (the paper names reward bands, not their edges): the frontier band is ``c +- 1.5 w``
-    around the frontier score's centre c with width w (0.2 to 0.8 at the defaults), where the
-    frontier score has fallen to exp(-1.125) = 0.32; below it the seed is ``overmatched`` (the
-    policy rarely solves it), above it ``saturated`` (the policy nearly always does)."""
-    low, high = frontier.center - 1.5 * frontier.width, frontier.center + 1.5 * frontier.width
+    """Which side of the learning frontier a pass rate lies on: the band of
+    :func:`~envsched_jax.forge.actions.frontier_band` (0.2 to 0.8 at the defaults) is ``frontier``;
+    below it the seed is ``overmatched``, above it ``saturated``."""
+    low, high = frontier_band(frontier)
     return "overmatched" if p < low else "saturated" if p > high else "frontier"
 
 
 def _band_edges(frontier: FrontierConfig) -> str:
-    low, high = frontier.center - 1.5 * frontier.width, frontier.center + 1.5 * frontier.width
-    return (f"overmatched below {max(low, 0.0):.2f} (the policy rarely solves it), frontier from "
-            f"{max(low, 0.0):.2f} to {min(high, 1.0):.2f}, saturated above {min(high, 1.0):.2f} "
+    low, high = frontier_band(frontier)
+    return (f"overmatched below {low:.2f} (the policy rarely solves it), frontier from "
+            f"{low:.2f} to {high:.2f}, saturated above {high:.2f} "
             "(the policy nearly always solves it)")
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from envsched_jax.forge import families
+from envsched_jax.forge.actions import FrontierConfig, frontier_band, frontier_score
 from envsched_jax.forge.bundle import TaskBundle
 
 
@@ -129,27 +130,28 @@ def write_rollout_log(records: Iterable[tuple[str, float]], path: str | os.PathL
 
 
 def frontier_placement(bundles: Sequence[TaskBundle], policy: SkillCompetencePolicy, *, k: int, seed: int,
-                       center: float = 0.5, width: float = 0.2) -> dict:
-    """Where ``bundles`` land relative to the policy's frontier band ``|p - center| <= width``.
+                       frontier: FrontierConfig = FrontierConfig()) -> dict:
+    """Where ``bundles`` land relative to the policy's learning frontier.
 
     Two views of each bundle's pass rate: the policy's true probability (known only because the
     policy is simulated) and the estimate from ``k`` rollouts (what a real pipeline would see).
-    Returns per-bundle rows and, over the bundles, the mean rate, the share inside the band, the
-    mean frontier score ``exp(-(p - center)^2 / (2 width^2))`` and the shares below / above it."""
+    Returns per-bundle rows and, over the bundles, the mean rate, the shares inside, below and
+    above the frontier band (:func:`~envsched_jax.forge.actions.frontier_band`: 0.2 to 0.8 at the
+    defaults) and the mean frontier score (:func:`~envsched_jax.forge.actions.frontier_score`)."""
     records = policy.rollouts(bundles, k, seed)
     wins: dict[str, float] = {}
     for task_id, reward in records:
         wins[task_id] = wins.get(task_id, 0.0) + reward
     rows = [{"bundle": b.name, "true": policy.bundle_pass_probability(b), "estimated": wins[b.name] / k}
             for b in bundles]
+    low, high = frontier_band(frontier)
 
     def summary(key: str) -> dict:
         values = np.array([r[key] for r in rows], np.float64)
         if values.size == 0:
             return {"mean": None, "in_band": None, "below": None, "above": None, "frontier_score": None}
-        return {"mean": float(values.mean()),
-                "in_band": float(np.mean(np.abs(values - center) <= width)),
-                "below": float(np.mean(values < center - width)), "above": float(np.mean(values > center + width)),
-                "frontier_score": float(np.mean(np.exp(-((values - center) ** 2) / (2 * width ** 2))))}
+        return {"mean": float(values.mean()), "in_band": float(np.mean((values >= low) & (values <= high))),
+                "below": float(np.mean(values < low)), "above": float(np.mean(values > high)),
+                "frontier_score": float(np.mean(frontier_score(values, frontier)))}
 
     return {"rows": rows, "true": summary("true"), "estimated": summary("estimated"), "k": k}
