@@ -264,3 +264,38 @@ def test_an_engine_failure_rejects_one_attempt_by_name_and_the_run_continues(tmp
     line = next(json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
                 if json.loads(x)["attempts"][0]["failed"])
     assert "failed to start shim" in line["attempts"][0]["reason"] and line["accepted"]   # repaired
+
+
+def test_the_llm_route_counts_tokens_and_prompt_lengths_through_the_pipeline(tmp_path, log):
+    """A scripted model answers the C.2 prompt with the family rewrite of the named seed and action
+    (first with broken JSON once): the pipeline records the parse failure, the repair, the tokens,
+    and the exact prompt lengths it fixed before solving."""
+    import re
+
+    from envsched_jax.forge.families import transform
+    from envsched_jax.forge.llm_materialize import LLMMaterializer
+    from envsched_jax.forge.prompts import bundle_to_reply
+    from envsched_jax.graph.llm_clients import ScriptedChatClient
+
+    params = dict(builtin_seeds())
+    calls = []
+
+    seeds = {n: to_bundle(n, p) for n, p in params.items()}
+
+    def respond(messages):
+        calls.append(messages)
+        if len(calls) == 1:
+            return "{not json"
+        first = messages[1]["content"]
+        seed = next(n for n, b in seeds.items() if b.instruction.strip() in first)
+        action = re.search(r"^Action: (\S+)", first, re.M)[1]
+        rewrite = transform(params[seed], action, rng_seed=len(calls)).params
+        return bundle_to_reply(to_bundle("x", rewrite), include_requirements=True)
+
+    cfg = _config(tmp_path, log, num_exports=2, materializer="llm")
+    mat = LLMMaterializer(ScriptedChatClient(respond, model="scripted"))
+    report = synthesize(cfg, materializer=mat, verifier=PassingChecks(), progress=False, log=lambda _: None)
+    assert report["exported"] == 2 and report["failed_attempts_by_check"] == {"parse": 1}
+    assert report["prompt_tokens"] > 0 and report["materialized"] == 2
+    selection = json.loads((tmp_path / "run" / "selection.json").read_text())
+    assert selection["status"] == "optimal"
