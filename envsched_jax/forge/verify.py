@@ -326,6 +326,63 @@ def _context_tar(bundle: TaskBundle) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
+CONTAINER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+"""The environment of every task container: the toolchain is the host's ``/usr``, mounted read-only."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerLimits:
+    """The cgroup limits of one task container (memory and swap, CPUs, processes)."""
+
+    memory_bytes: int
+    cpus: float
+    max_processes: int
+
+
+def create_task_container(client, image: str, command: Sequence[str], *, limits: ContainerLimits,
+                          volumes: dict[str, dict[str, str]], labels: dict[str, str],
+                          tmp_options: str | None = "size=64m,mode=1777", **options: Any):
+    """Create (not start) a container of ``image`` as every task container is made here: no
+    network, every capability dropped, ``no-new-privileges``, the ``limits``, the host's ``/usr``
+    read-only plus ``volumes`` (the SDK's form: host path -> ``{"bind", "mode"}``), a private
+    ``/tmp`` tmpfs (``tmp_options``; None: none), cwd ``/app``. ``options`` go to the SDK as they
+    are (e.g. ``mounts``, ``ulimits``); the terminal episodes of :mod:`envsched_jax.envs.terminal`
+    share this with gold verification, so both isolate the same way."""
+    volumes = {"/usr": {"bind": "/usr", "mode": "ro"}, **volumes}
+    settings: dict[str, Any] = dict(
+        working_dir="/app", network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes,
+        nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.max_processes, volumes=volumes,
+        labels=labels, environment=dict(CONTAINER_ENV))
+    if tmp_options is not None:
+        settings["tmpfs"] = {"/tmp": tmp_options}
+    settings.update(options)
+    return client.containers.create(image, list(command), **settings)
+
+
+def build_task_image(client, bundle: TaskBundle) -> tuple[str, bool]:
+    """The image of ``bundle``'s environment, built with ``--network none`` and no pull, tagged
+    by the SHA-256 of its build context; (tag, whether the engine already had it). A failed
+    build raises RuntimeError with the tail of the build log."""
+    import docker
+
+    context, digest = _context_tar(bundle)
+    tag = f"{TASK_REPOSITORY}:{digest[:16]}"
+    try:
+        client.images.get(tag)
+        return tag, True
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=tag, pull=False,
+                            network_mode="none", rm=True, forcerm=True, labels={LABEL: "1"},
+                            dockerfile=Path(bundle.dockerfile_path).relative_to(bundle.build_context_dir).as_posix())
+    except docker.errors.BuildError as err:
+        tail = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in err.build_log)[-600:]
+        raise RuntimeError(f"docker build failed: {err.msg}; log tail: {tail.strip()}") from None
+    return tag, False
+
+
 class DockerVerifier:
     """Runs the build and execution checks; one engine client, images cached by context hash."""
 
@@ -339,38 +396,22 @@ class DockerVerifier:
         self.cache_hits = 0
 
     def build(self, bundle: TaskBundle) -> tuple[str, bool]:
-        import docker
-
-        context, digest = _context_tar(bundle)
-        tag = f"{TASK_REPOSITORY}:{digest[:16]}"
-        try:
-            self.client.images.get(tag)
+        tag, hit = build_task_image(self.client, bundle)
+        if hit:
             self.cache_hits += 1
-            return tag, True
-        except docker.errors.ImageNotFound:
-            pass
-        self.builds += 1
-        try:
-            self.client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=tag, pull=False,
-                                     network_mode="none", rm=True, forcerm=True, labels={LABEL: "1"},
-                                     dockerfile=Path(bundle.dockerfile_path).relative_to(bundle.build_context_dir).as_posix())
-        except docker.errors.BuildError as err:
-            tail = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in err.build_log)[-600:]
-            raise RuntimeError(f"docker build failed: {err.msg}; log tail: {tail.strip()}") from None
-        return tag, False
+        else:
+            self.builds += 1
+        return tag, hit
 
     def _run(self, image: str, script: str, mounts: dict[str, dict[str, str]], timeout_s: float,
              commit: bool = False) -> tuple[int | None, str, str | None]:
         """Run ``bash -c script`` in /app; (exit status or None on timeout, output tail, committed
         image or None)."""
         cfg = self.config
-        volumes = {"/usr": {"bind": "/usr", "mode": "ro"}, **mounts}
-        container = self.client.containers.create(
-            image, ["bash", "-c", script], working_dir="/app", network_mode="none", cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], mem_limit=cfg.memory_bytes, memswap_limit=cfg.memory_bytes,
-            nano_cpus=int(cfg.cpus * 1e9), pids_limit=cfg.max_processes, volumes=volumes,
-            tmpfs={"/tmp": "size=64m,mode=1777"}, labels={LABEL: "1"},
-            environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"})
+        container = create_task_container(
+            self.client, image, ["bash", "-c", script],
+            limits=ContainerLimits(cfg.memory_bytes, cfg.cpus, cfg.max_processes), volumes=mounts,
+            labels={LABEL: "1"})
         committed = None
         try:
             container.start()

@@ -11,14 +11,18 @@ spec                                        pool
 ``envscaler:ENV_FILE:TASK_FILE``            EnvScaler RL-format files you downloaded
 ``envscaler:ENV:TASKS,mode=conversational``  ... with the loader's options (see below)
 ``PATH.jsonl``                              a pool in the canonical JSON-lines form
+``bundles:DIR`` / ``bundles:DIR1:DIR2``     every task bundle folder under DIR (terminal tasks)
 =========================================  ================================================
 
 A ``bfcl`` spec's comma list may hold ``state_equality=exact`` and ``withheld_calls=refuse``
 (:func:`envsched_jax.pool.bfcl.load_bfcl_pool`; both off by default, where the pool follows BFCL's
 checker). An ``envscaler`` spec may end with ``,private_methods=refuse`` and
 ``,mode=conversational`` (:func:`envsched_jax.pool.envscaler.load_envscaler_pool`; EnvScaler's
-rules by default), so its task file's name must not hold ``,NAME=``. EnvScaler and JSON-lines
-pools accept ``drop_invalid`` (leave out broken records, list them in ``Pool.dropped``).
+rules by default), so its task file's name must not hold ``,NAME=``. A ``bundles`` spec loads
+Harbor / Terminal-Bench bundles (:mod:`envsched_jax.pool.bundles`: one environment per category,
+one task per bundle, played in Docker by :mod:`envsched_jax.envs.terminal`); its directories are
+separated by ``os.pathsep``. EnvScaler, JSON-lines and bundle pools accept ``drop_invalid`` (leave
+out broken records, list them in ``Pool.dropped``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 from envsched_jax.pool.model import Pool, PoolError
 
 SPEC_HELP = ("embedded | generated:ENVSxTASKS[:SEED] | generated:N[:SEED] | bfcl[:CATEGORIES[,OPTION=VALUE]] | "
-             "envscaler:ENV_FILE:TASK_FILE[,OPTION=VALUE] | PATH.jsonl")
+             "envscaler:ENV_FILE:TASK_FILE[,OPTION=VALUE] | PATH.jsonl | bundles:DIR[:DIR...]")
 
 
 def load_pool(spec: str, *, drop_invalid: bool = False) -> Pool:
@@ -75,6 +79,10 @@ def load_pool(spec: str, *, drop_invalid: bool = False) -> Pool:
             raise PoolError(f"cannot parse pool spec {spec!r}: unknown option(s) {unknown}; an "
                             "envscaler spec takes private_methods=..., mode=...")
         return load_envscaler_pool(parts[1], task_file, drop_invalid=drop_invalid, **options)
+    if spec.startswith("bundles:"):
+        from envsched_jax.pool.bundles import load_bundle_spec
+
+        return load_bundle_spec(spec, drop_invalid=drop_invalid)
     path = Path(spec)
     if path.suffix == ".jsonl" or path.is_file():
         from envsched_jax.pool.jsonl import read_pool

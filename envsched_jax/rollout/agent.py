@@ -7,7 +7,9 @@ One episode:
 2. The backend samples an assistant message from the token ids (:mod:`.backends.base`).
 3. The message is parsed in the family's tool-call format (:mod:`.tool_calls`):
    - each well-formed call is executed as an environment step in the episode's sandbox worker
-     (bubblewrap, Docker, or in-process for trusted environments), and its observation comes
+     (bubblewrap, Docker, or in-process for trusted environments; for a task bundle,
+     ``metadata["semantics"] == "terminal"``, a shell command in the task's own container,
+     :mod:`envsched_jax.envs.terminal`), and its observation comes
      back as a message: in the pool's own words where the pool has them (EnvScaler's pool: the
      text of the tool's return value as a ``tool`` message, ``Error: Invalid action`` and
      tracebacks as ``user`` messages, as EnvScaler's runner shows them), else as JSON in a
@@ -58,13 +60,16 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from envsched_jax.envs.episode import Episode, StepResult, chat_action
+from envsched_jax.envs.episode import Episode, StepResult
 from envsched_jax.envs.sandbox.base import WorkerPool
+from envsched_jax.envs.terminal import TerminalEpisode, TerminalRuntime, answer_action
 from envsched_jax.envs.trajectory import Trajectory
+from envsched_jax.pool.bundles import is_terminal_task
 from envsched_jax.pool.model import Action, Environment, Pool, Task
 from envsched_jax.rollout.backends.base import (Completion, GenerationBackend, GenerationRequest,
                                                 SamplingParams)
@@ -197,13 +202,19 @@ class AgentRunner:
       stop_token_ids: tokens that end an assistant message (the tokenizer's end of turn).
       user: the user simulator for tasks whose ``metadata["user_mode"]`` is ``simulated``
         (:mod:`.users`); their private brief goes to it, never to the agent.
+      terminal: the Docker runtime of terminal tasks (task bundles); None: one is made with the
+        default :class:`~envsched_jax.envs.terminal.TerminalConfig` at the first such episode
+        (a pool without them never touches Docker), and its failure to start fails that
+        episode with a named error.
     """
 
     def __init__(self, backend: GenerationBackend, tokenizer, workers: WorkerPool, pool: Pool,
                  config: AgentConfig | None = None, *, stop_token_ids: Sequence[int] = (),
-                 user: UserSimulator | None = None):
+                 user: UserSimulator | None = None, terminal: TerminalRuntime | None = None):
         self.backend = backend
         self.user = user
+        self.terminal = terminal
+        self._terminal_lock = threading.Lock()
         self.workers = workers
         self.pool = pool
         self.config = config or AgentConfig()
@@ -219,6 +230,19 @@ class AgentRunner:
         self._closing_reserve = len(self.renderer.encode(self.renderer.assistant_suffix))
 
     # -- one episode ------------------------------------------------------------------------
+    def _terminal_runtime(self) -> TerminalRuntime:
+        with self._terminal_lock:
+            if self.terminal is None:
+                self.terminal = TerminalRuntime()
+            return self.terminal
+
+    def _new_episode(self, env: Environment, task: Task) -> Episode | TerminalEpisode:
+        """A terminal episode for a task bundle, a sandbox-worker episode for anything else."""
+        if is_terminal_task(task):
+            return TerminalEpisode(self._terminal_runtime, env,
+                                   timeout=self.config.episode_timeout_s)
+        return Episode(self.workers, env, max_steps=None, timeout=self.config.episode_timeout_s)
+
     def run_episode(self, task: Task, rollout_index: int = 0, seed: int = 0, *,
                     deadline: float | None = None) -> AgentEpisode:
         """Run one episode; always returns (every failure is an end reason with reward 0 or the
@@ -230,7 +254,7 @@ class AgentRunner:
         transcript = Transcript()
         record = AgentEpisode(task.task_id, env.env_id, rollout_index, transcript, None, 0.0,
                               "", None, 0)
-        episode = Episode(self.workers, env, max_steps=None, timeout=self.config.episode_timeout_s)
+        episode = self._new_episode(env, task)
         t0 = time.monotonic()
         first = episode.reset(task)
         record.environment_seconds += time.monotonic() - t0
@@ -266,8 +290,8 @@ class AgentRunner:
             episode.close()
         return self._finish(record, episode, task, start)
 
-    def _loop(self, record: AgentEpisode, episode: Episode, env: Environment, task: Task,
-              seed: int, offered: list[str], terminate: set[str],
+    def _loop(self, record: AgentEpisode, episode: Episode | TerminalEpisode, env: Environment,
+              task: Task, seed: int, offered: list[str], terminate: set[str],
               session: UserSession | None, deadline: float | None = None) -> None:
         cfg = self.config
         transcript = record.transcript
@@ -323,7 +347,7 @@ class AgentRunner:
             parsed = self.format.parse(text)
             new_messages: list[dict[str, Any]] = []
             if not parsed.has_calls:
-                reply = self._step(record, episode, chat_action(task, parsed.content)).observation
+                reply = self._step(record, episode, answer_action(task, parsed.content)).observation
                 if reply is None or episode.done:
                     record.end_reason = record.end_reason or "answered"
                     return
@@ -394,7 +418,8 @@ class AgentRunner:
         record.generation_seconds += time.monotonic() - t0
         return completion
 
-    def _step(self, record: AgentEpisode, episode: Episode, action: Action) -> StepResult:
+    def _step(self, record: AgentEpisode, episode: Episode | TerminalEpisode,
+              action: Action) -> StepResult:
         """One environment step. A sandbox failure ends the episode (``episode.done``); scoring
         then reports it as ``sandbox_<kind>``."""
         t0 = time.monotonic()
@@ -408,8 +433,8 @@ class AgentRunner:
             return {"role": result.message["role"], "content": result.message["content"]}
         return {"role": "tool", "content": observation_text(result.observation)}
 
-    def _finish(self, record: AgentEpisode, episode: Episode, task: Task, start: float
-                ) -> AgentEpisode:
+    def _finish(self, record: AgentEpisode, episode: Episode | TerminalEpisode, task: Task,
+                start: float) -> AgentEpisode:
         if episode.trajectory is None:
             if record.end_reason in ("generation_error", "agent_error", "user_error"):
                 episode.close()  # the model failed, not the environment: reward 0

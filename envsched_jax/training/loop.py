@@ -39,10 +39,12 @@ from typing import Any
 import numpy as np
 
 from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool
+from envsched_jax.envs.terminal import TerminalRuntime
 from envsched_jax.graph.build import build_graph
 from envsched_jax.learner import models
 from envsched_jax.learner.checkpoint import restore_checkpoint, save_checkpoint
 from envsched_jax.learner.trainer import Trainer, TrainerConfig
+from envsched_jax.pool.bundles import is_terminal_task, skill_extractions
 from envsched_jax.pool.model import Pool
 from envsched_jax.pool.sources import load_pool
 from envsched_jax.rollout.agent import AgentEpisode, AgentRunner
@@ -124,7 +126,9 @@ def _trainer_config(cfg: TrainConfig, objective: str) -> TrainerConfig:
 
 
 def make_scheduler_for(cfg: TrainConfig, train_pool: Pool):
-    graph = build_graph(train_pool)
+    # Task bundles' operations come from their skills (envsched_jax.pool.bundles: the static
+    # extractor sees one identical shell call per bundle); other pools keep the static extractor.
+    graph = build_graph(train_pool, extractions=skill_extractions(train_pool))
     tools = [train_pool.environment(e).tool_names for e in graph.env_ids]
     spec = cfg.scheduler
     if spec.name == "envsched":
@@ -404,11 +408,15 @@ def train(cfg: TrainConfig, *, progress=print) -> dict[str, Any]:
             progress(f"resumed from {latest} at step {start_step}")
         backend = make_backend(cfg, policy, trainer.state.params, out / "export")
         stack.callback(backend.close)
+        terminal = None
+        if any(is_terminal_task(t) for t in pool.tasks):  # task bundles: one Docker runtime
+            terminal = TerminalRuntime()
+            stack.callback(terminal.close)
         agent = AgentRunner(backend, tokenizer, workers, pool, cfg.rollout.agent,
-                            stop_token_ids=policy.eos_token_ids)
+                            stop_token_ids=policy.eos_token_ids, terminal=terminal)
         eval_agent = AgentRunner(backend, tokenizer, workers, pool, dataclasses.replace(
             cfg.rollout.agent, sampling=cfg.rollout.eval_sampling),
-            stop_token_ids=policy.eos_token_ids)
+            stop_token_ids=policy.eos_token_ids, terminal=terminal)
         in_flight = max(cfg.rollout.workers, 1)
 
         probe_set = (choose_probe_tasks(split.train, cfg.probe_tasks, cfg.pool.seed)
