@@ -276,7 +276,7 @@ def test_skill_families_read_the_activity_word():
         "lookup", "report", "delete", "update", "link", "validate", "aggregate", "create", "other"]
 
 
-def test_static_graph_builds_but_its_abstraction_cannot_tell_bundles_apart(seeds_pool):
+def test_the_default_graph_takes_terminal_operations_from_skills_not_the_shell_call(seeds_pool):
     graph = build_graph(seeds_pool)
     assert graph.s_full.shape == graph.s_abs.shape == (25, 25)
     env_of = dict(zip(graph.task_ids, graph.env_index))
@@ -284,8 +284,12 @@ def test_static_graph_builds_but_its_abstraction_cannot_tell_bundles_apart(seeds
         same = [graph.task_ids[j] for j in graph.within_idx[i] if j >= 0]
         assert len(same) == 4 and all(env_of[t] == env_of[task_id] for t in same)
         assert list(graph.within_sim[i][:4]) == sorted(graph.within_sim[i][:4], reverse=True)
-    # every bundle is one identical run_command call to the static extractor (module docstring)
-    assert {text.split(" ; ")[0] for text in graph.abstract_texts} == {"op_update type_entity_field <string>"}
+    assert graph.abstract_texts == build_graph(seeds_pool, extractions=skill_extractions(seeds_pool)).abstract_texts
+    # what the static extractor would give: every bundle the same single run_command call
+    from envsched_jax.graph.extract import analyse_environment, extract
+    static = {extract(seeds_pool.environment(t.env_id), t, analyse_environment(seeds_pool.environment(t.env_id)))
+              for t in seeds_pool.tasks}
+    assert len({tuple((op.family, op.tool) for op in e.operations) for e in static}) == 1
 
 
 def test_skill_extractions_give_the_cross_relation_a_meaning(seeds_pool):

@@ -391,13 +391,19 @@ def pool_views(pool: Pool, progress: bool = False,
                extractions: Sequence[Extraction] | None = None) -> list[NodeViews]:
     """Extract every task's structure and render its views (environment analysis is shared).
     ``extractions``: one per task in pool order (e.g. the LLM extractor's,
-    :mod:`envsched_jax.graph.llm_extract`) instead of the static extractor's."""
+    :mod:`envsched_jax.graph.llm_extract`) instead of the default: the static extractor's, except
+    for terminal tasks (``bundles:DIR`` pools), whose operations come from their skill subgraphs
+    (:func:`envsched_jax.pool.bundles.skill_extraction`: to the static extractor every bundle is
+    the same single shell call, so their cross-environment relation would be arbitrary)."""
     if extractions is not None:
         if len(extractions) != pool.num_tasks:
             raise ValueError(f"pool_views: {len(extractions)} extractions for {pool.num_tasks} tasks")
         return [node_views(task, e) for task, e in zip(pool.tasks, extractions)]
+    from envsched_jax.pool.bundles import is_terminal_task, skill_extraction
+
     tool_info = {env.env_id: analyse_environment(env) for env in pool.environments}
-    return [node_views(task, extract(pool.environment(task.env_id), task, tool_info[task.env_id]))
+    return [node_views(task, skill_extraction(task) if is_terminal_task(task)
+                       else extract(pool.environment(task.env_id), task, tool_info[task.env_id]))
             for task in _progress(pool.tasks, "extracting operations", pool.num_tasks, progress)]
 
 

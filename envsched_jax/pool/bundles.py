@@ -51,11 +51,9 @@ order, each depending on the one before (FORGE's skill chain), optional skills d
 first required one; no gates, and no reward groups (every bundle has the same single reward
 check, which would only add one shared term to all). Its abstraction drops the skill names
 (domain words), as appendix E drops tool names, so two tasks of different categories are close
-when they need the same kinds of work in the same structure. ``build_graph(pool,
-extractions=skill_extractions(pool))`` uses it; the training loop does so for any pool with
-terminal tasks. ``envsched graph build bundles:DIR`` (the static extractor) still builds a valid
-graph whose within-environment relation is informative (instruction, check text with the
-skills, workspace listing) and whose cross relation is not.
+when they need the same kinds of work in the same structure. ``build_graph`` uses it for every
+terminal task by default (:func:`envsched_jax.graph.build.pool_views`), so the CLI, the training
+loop and the experiments all build the same graph of a bundles pool.
 
 Bad input is a :class:`~envsched_jax.pool.model.PoolError` naming the folder, the file and the
 field: a path that is not a directory, a directory with no bundle folder, an entry that is a file

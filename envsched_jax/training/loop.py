@@ -44,7 +44,7 @@ from envsched_jax.graph.build import build_graph
 from envsched_jax.learner import models
 from envsched_jax.learner.checkpoint import restore_checkpoint, save_checkpoint
 from envsched_jax.learner.trainer import Trainer, TrainerConfig
-from envsched_jax.pool.bundles import is_terminal_task, skill_extractions
+from envsched_jax.pool.bundles import is_terminal_task
 from envsched_jax.pool.model import Pool
 from envsched_jax.pool.sources import load_pool
 from envsched_jax.rollout.agent import AgentEpisode, AgentRunner
@@ -128,7 +128,7 @@ def _trainer_config(cfg: TrainConfig, objective: str) -> TrainerConfig:
 def make_scheduler_for(cfg: TrainConfig, train_pool: Pool):
     # Task bundles' operations come from their skills (envsched_jax.pool.bundles: the static
     # extractor sees one identical shell call per bundle); other pools keep the static extractor.
-    graph = build_graph(train_pool, extractions=skill_extractions(train_pool))
+    graph = build_graph(train_pool)
     tools = [train_pool.environment(e).tool_names for e in graph.env_ids]
     spec = cfg.scheduler
     if spec.name == "envsched":
