@@ -92,6 +92,12 @@ def test_sync_contract_for_added_and_removed_requirements():
     kept = make_bundle("easier", instruction="Write 3.", solve=SOLVE_SH + "# R1\n",
                        toml_extra='forge = { requirements = [] }')
     assert check_sync(kept, parent) == "removed requirement 'R1' is still in the oracle"
+    scalar = make_bundle("s", toml_extra="forge = { requirements = 3 }")
+    assert "forge.requirements must be an array of tables, got int" in check_sync(scalar, parent)
+    twice = make_bundle("t", toml_extra='forge = { requirements = [{ id = "R1", text = "a" }, { id = "R1", text = "b" }] }')
+    assert "id 'R1' is declared twice" in check_sync(twice, parent)
+    result = verify_bundle(scalar, None, parent=parent)
+    assert result.failed_check.name == "sync" and "must be an array" in result.failed_check.reason
 
 
 # ---------------------------------------------------------------------------------------------

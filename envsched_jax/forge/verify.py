@@ -257,11 +257,17 @@ def declared_requirements(bundle: TaskBundle) -> dict[str, str] | None:
     forge = meta.get("forge") if isinstance(meta, dict) else None
     if not isinstance(forge, dict) or "requirements" not in forge:
         return None
+    if not isinstance(forge["requirements"], list):
+        raise BundleError(f"bundle {bundle.name}: metadata: forge.requirements must be an array of tables, got "
+                          f"{type(forge['requirements']).__name__}")
     out = {}
     for k, item in enumerate(forge["requirements"]):
         if not (isinstance(item, dict) and isinstance(item.get("id"), str) and isinstance(item.get("text"), str)):
             raise BundleError(f"bundle {bundle.name}: metadata: forge.requirements[{k}] must be a table with "
                               "string 'id' and 'text'")
+        if item["id"] in out:
+            raise BundleError(f"bundle {bundle.name}: metadata: forge.requirements[{k}]: id {item['id']!r} is "
+                              "declared twice")
         out[item["id"]] = item["text"]
     return out
 
