@@ -96,7 +96,8 @@ def test_sync_contract_for_added_and_removed_requirements():
     assert "forge.requirements must be an array of tables, got int" in check_sync(scalar, parent)
     twice = make_bundle("t", toml_extra='forge = { requirements = [{ id = "R1", text = "a" }, { id = "R1", text = "b" }] }')
     assert "id 'R1' is declared twice" in check_sync(twice, parent)
-    result = verify_bundle(scalar, None, parent=parent)
+    result = verify_bundle(make_bundle("s2", log="ERROR z\n", test=TEST_SH + "# R1\n",
+                                       toml_extra="forge = { requirements = 3 }"), None, parent=parent)
     assert result.failed_check.name == "sync" and "must be an array" in result.failed_check.reason
 
 
