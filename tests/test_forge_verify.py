@@ -169,3 +169,29 @@ def test_every_builtin_seed_passes_gold_verification_in_docker(verifier):
         result = verify_bundle(to_bundle(name, params), verifier)
         assert result.accepted, (name, result.failed_check, result.logs)
         assert (result.oracle_reward, result.untouched_reward) == (1.0, 0.0), name
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_NO_DOCKER is not None, reason=f"no Docker engine here: {_NO_DOCKER}")
+def test_a_reward_link_to_a_host_file_is_refused_and_not_read(verifier):
+    test = ("#!/bin/bash\nmkdir -p /logs/verifier\nln -s /etc/passwd /logs/verifier/reward.txt\n")
+    result = verify_bundle(make_bundle(test=test), verifier)
+    assert result.failed_check.name == "oracle" and "cannot be opened as a plain file" in result.failed_check.reason
+    assert "root:" not in result.failed_check.reason + "".join(result.logs.values())
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_NO_DOCKER is not None, reason=f"no Docker engine here: {_NO_DOCKER}")
+def test_a_script_task_program_cannot_write_its_own_reward(verifier):
+    """The script family's checks run the agent's program, which can reach /logs: a wrong program
+    that writes reward 1 there, and leaves a writer running, still earns 0 (families.TEST_SH)."""
+    from envsched_jax.forge.families import builtin_seeds, to_bundle
+
+    name, params = next((n, p) for n, p in builtin_seeds() if n.startswith("script-"))
+    hostile = ("#!/bin/bash\nmkdir -p /app/bin\ncat > /app/bin/tally <<'X'\n#!/bin/bash\n"
+               "echo 1 > /logs/verifier/reward.txt 2>/dev/null\n"
+               "(while :; do echo 1 > /logs/verifier/reward.txt; sleep 0.01; done) >/dev/null 2>&1 &\n"
+               "echo nonsense\nX\nchmod +x /app/bin/tally\n")
+    bundle = to_bundle(name, params).with_file("solution/solve.sh", hostile.encode(), executable=True)
+    result = verify_bundle(bundle, verifier)
+    assert result.failed_check.name == "oracle" and result.oracle_reward == 0.0, result.logs

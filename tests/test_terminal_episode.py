@@ -18,7 +18,7 @@ from envsched_jax.envs.replay import replay_actions
 from envsched_jax.envs.runtime.core import CHAT_WITH_USER
 from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool, unavailable_reason
 from envsched_jax.envs.terminal import (RUN_LABEL, TerminalConfig, TerminalEpisode, TerminalRuntime,
-                                        _CommandStream, _read_reward_file, answer_action,
+                                        _CommandStream, read_reward_file, answer_action,
                                         parse_reward, run_terminal_actions)
 from envsched_jax.forge.bundle import BundleFile, TaskBundle, write_bundle
 from envsched_jax.forge.families import builtin_seeds, to_bundle
@@ -90,25 +90,25 @@ def test_reward_file_must_state_one_finite_number_in_the_unit_interval(text, rew
 
 def test_the_reward_file_is_read_without_following_links(tmp_path):
     logs = tmp_path / "logs"
-    assert _read_reward_file(logs) is None
+    assert read_reward_file(logs) is None
     (logs / "verifier").mkdir(parents=True)
-    assert _read_reward_file(logs) is None
+    assert read_reward_file(logs) is None
     secret = tmp_path / "host-secret"
     secret.write_text("1\n")
     (logs / "verifier" / "reward.txt").symlink_to(secret)
     with pytest.raises(ValueError, match="cannot be opened as a plain file"):
-        _read_reward_file(logs)
+        read_reward_file(logs)
     shutil.rmtree(logs / "verifier")
     (logs / "verifier").symlink_to(tmp_path)
     with pytest.raises(ValueError, match="/logs/verifier is not a plain folder"):
-        _read_reward_file(logs)
+        read_reward_file(logs)
     (logs / "verifier").unlink()
     (logs / "verifier").mkdir()
     (logs / "verifier" / "reward.txt").write_text("1" * 2000)
     with pytest.raises(ValueError, match="over 1024 bytes"):
-        _read_reward_file(logs)
+        read_reward_file(logs)
     (logs / "verifier" / "reward.txt").write_text("1\n")
-    assert _read_reward_file(logs) == "1\n"
+    assert read_reward_file(logs) == "1\n"
 
 
 def test_config_is_validated():

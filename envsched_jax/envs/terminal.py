@@ -297,7 +297,7 @@ class Verdict:
                 "reward_text": self.reward_text}
 
 
-def _read_reward_file(logs: Path) -> str | None:
+def read_reward_file(logs: Path) -> str | None:
     """``logs/verifier/reward.txt`` without following a link anywhere below ``logs`` (the tests'
     container could plant one pointing at a host file); None when absent. Raises ValueError when
     it is not a small regular file."""
@@ -591,7 +591,7 @@ class TerminalRuntime:
                 return Verdict(0.0, f"verifier_timeout: the tests ran past {time_limit_s:g} s and were "
                                "stopped", None, None, log)
             try:
-                text = _read_reward_file(logs)
+                text = read_reward_file(logs)
                 if text is None:
                     return Verdict(0.0, f"verifier_no_reward: the tests exited with status {status} and "
                                    "wrote no /logs/verifier/reward.txt", status, None, log)

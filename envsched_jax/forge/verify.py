@@ -442,17 +442,17 @@ class DockerVerifier:
         status, output, _ = self._run(image, "bash /tests/test.sh",
                                       {str(tests_dir): {"bind": "/tests", "mode": "ro"},
                                        str(logs_dir): {"bind": "/logs", "mode": "rw"}}, timeout_s)
-        reward_file = logs_dir / "verifier" / "reward.txt"
+        from envsched_jax.envs.terminal import parse_reward, read_reward_file
+
         if status is None:
             return None, f"tests timed out after {timeout_s:g} s\n{output}"
-        if not reward_file.is_file():
-            return None, f"tests exited with {status} and wrote no /logs/verifier/reward.txt\n{output}"
-        text = reward_file.read_text(errors="replace").strip()
-        try:
-            reward = float(text)
-        except ValueError:
-            return None, f"reward file says {text[:40]!r}, not a number\n{output}"
-        return reward, output
+        try:  # never following a link the tests planted (it could point at a host file)
+            text = read_reward_file(logs_dir)
+            if text is None:
+                return None, f"tests exited with {status} and wrote no /logs/verifier/reward.txt\n{output}"
+            return parse_reward(text), output
+        except ValueError as err:
+            return None, f"{err}\n{output}"
 
     def run_checks(self, bundle: TaskBundle) -> tuple[list[CheckResult], dict[str, Any]]:
         """The build, oracle and untouched checks (stopping at the first failure)."""
