@@ -126,9 +126,7 @@ def _trainer_config(cfg: TrainConfig, objective: str) -> TrainerConfig:
 
 
 def make_scheduler_for(cfg: TrainConfig, train_pool: Pool):
-    # Task bundles' operations come from their skills (envsched_jax.pool.bundles: the static
-    # extractor sees one identical shell call per bundle); other pools keep the static extractor.
-    graph = build_graph(train_pool)
+    graph = build_graph(train_pool)   # task bundles' operations come from their skills (pool_views)
     tools = [train_pool.environment(e).tool_names for e in graph.env_ids]
     spec = cfg.scheduler
     if spec.name == "envsched":
