@@ -410,6 +410,12 @@ def _check_recipe(recipe: str) -> None:
         raise PromptError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
 
 
+def _seed_and_reply(seed: TaskBundle, config: PromptConfig) -> list[str]:
+    """The closing sections every first prompt shares: the seed's files, then what to reply."""
+    return ["## Seed bundle", render_seed_files(seed, config), "",
+            "## Reply", "Return the complete new bundle as one JSON object in the reply format of the system message."]
+
+
 def baseline_prompt(seed: TaskBundle, recipe: str, direction: str, config: PromptConfig = PromptConfig()) -> str:
     """The user message of a fixed recipe (appendix C.1). Two recipes' messages for one seed differ
     only in the ``Strategy:`` and ``Evolution direction:`` lines."""
@@ -430,11 +436,7 @@ def baseline_prompt(seed: TaskBundle, recipe: str, direction: str, config: Promp
         "system message. Rewrite the instruction, fixtures, oracle, tests and environment together so that "
         "they describe one new task; declare its requirements.",
         "",
-        "## Seed bundle",
-        render_seed_files(seed, config),
-        "",
-        "## Reply",
-        "Return the complete new bundle as one JSON object in the reply format of the system message.",
+        *_seed_and_reply(seed, config),
     ])
 
 
@@ -595,11 +597,7 @@ def forge_prompt(seed: TaskBundle, decision: Mapping[str, Any], *, pass_rate_sou
         "- A requirement you remove disappears from the oracle and from the tests, and from \"requirements\".",
         "- The oracle earns reward 1 under the new tests; the untouched workspace does not.",
         "",
-        "## Seed bundle",
-        render_seed_files(seed, config),
-        "",
-        "## Reply",
-        "Return the complete new bundle as one JSON object in the reply format of the system message.",
+        *_seed_and_reply(seed, config),
     ])
 
 
