@@ -299,3 +299,22 @@ def test_the_llm_route_counts_tokens_and_prompt_lengths_through_the_pipeline(tmp
     assert report["prompt_tokens"] > 0 and report["materialized"] == 2
     selection = json.loads((tmp_path / "run" / "selection.json").read_text())
     assert selection["status"] == "optimal"
+
+
+@pytest.mark.slow
+def test_the_in_process_model_can_be_the_materialiser(tmp_path):
+    """``--llm.client jax``: SmolLM2-135M in the JAX sampler answers the C.2 prompt. A model this
+    small writes no bundle in 64 tokens: each request fails as parse, named, and nothing is exported."""
+    from envsched_jax.forge.pipeline import LLMSpec
+
+    from envsched_jax.forge.bundle import write_bundle
+
+    folder = tmp_path / "seeds"
+    write_bundle(to_bundle(*builtin_seeds()[0]), folder / builtin_seeds()[0][0])   # one request: ~3 min on 2 cores
+    cfg = SynthesisConfig(seeds=str(folder), rollout_log=str(_log_for(folder, tmp_path)), num_exports=1,
+                          max_rounds=1, materializer="llm", out=str(tmp_path / "run"),
+                          llm=LLMSpec(client="jax", policy="smollm2", max_tokens=64, budget=1, max_context=8192))
+    report = synthesize(cfg, verifier=PassingChecks(), progress=False, log=lambda _: None)
+    assert report["exported"] == 0 and report["requests"] == 1, report
+    assert set(report["failed_attempts_by_check"]) <= {"parse", "schema"}, report
+    assert report["completion_tokens"] > 0 and report["prompt_tokens"] > 1000 * report["requests"], report

@@ -71,10 +71,17 @@ REPORT_FILE = "report.json"
 
 @dataclasses.dataclass(frozen=True)
 class LLMSpec:
-    """The OpenAI-compatible server for ``materializer = "llm"`` (vLLM or a hosted API)."""
+    """The model for ``materializer = "llm"``: an OpenAI-compatible server (vLLM or a hosted API),
+    or the in-process JAX sampler (``client = "jax"``) running ``policy``."""
 
+    client: Literal["openai", "jax"] = "openai"
     base_url: str = "http://127.0.0.1:8000"
     model: str = ""
+    """The served model's name (``openai``)."""
+    policy: str = "smollm2"
+    """What ``learner.models.load_policy`` takes (``jax``): a name or a policy folder."""
+    max_context: int = 16384
+    """Context of the in-process sampler (``jax``): the C.2 prompt plus a whole bundle."""
     api_key_env: str = "OPENAI_API_KEY"
     """Name of the environment variable holding the key (the key itself is never stored)."""
     timeout_s: float = 600.0
@@ -277,20 +284,31 @@ def plan(selection: Selection, decisions: Mapping[str, Mapping[str, Any]], seed_
     return [(r, s, request_name(s, recipe, decisions[s]["action"], r)) for r in range(max_rounds) for s in ranked]
 
 
-def make_materializer(config: SynthesisConfig) -> Materializer:
+def make_materializer(config: SynthesisConfig) -> tuple[Materializer, Callable[[], None]]:
+    """The configured materialiser and what closes it (the in-process sampler's threads)."""
     if config.materializer == "programmatic":
         from envsched_jax.forge.materialize import ProgrammaticMaterializer
 
-        return ProgrammaticMaterializer(budget=config.programmatic_budget)
+        return ProgrammaticMaterializer(budget=config.programmatic_budget), lambda: None
     from envsched_jax.forge.llm_materialize import LLMMaterializer
-    from envsched_jax.graph.llm_clients import OpenAIChatClient
+    from envsched_jax.graph.llm_clients import BackendChatClient, OpenAIChatClient
 
-    if not config.llm.model:
-        raise ForgeInputError("materializer 'llm' needs --llm.model (the served model's name)")
-    client = OpenAIChatClient(config.llm.base_url, config.llm.model, api_key=os.environ.get(config.llm.api_key_env),
-                              timeout_s=config.llm.timeout_s)
+    close: Callable[[], None] = lambda: None
+    if config.llm.client == "jax":
+        from envsched_jax.learner import models
+        from envsched_jax.rollout.backends.jax_sampler import JaxSamplerBackend
+
+        policy = models.load_policy(config.llm.policy)
+        backend = JaxSamplerBackend(policy, max_batch=1, max_context=config.llm.max_context)
+        client = BackendChatClient(backend, policy.tokenizer, f"jax:{config.llm.policy}", timeout_s=config.llm.timeout_s)
+        close = backend.close
+    else:
+        if not config.llm.model:
+            raise ForgeInputError("materializer 'llm' needs --llm.model (the served model's name)")
+        client = OpenAIChatClient(config.llm.base_url, config.llm.model,
+                                  api_key=os.environ.get(config.llm.api_key_env), timeout_s=config.llm.timeout_s)
     return LLMMaterializer(client, budget=config.llm.budget, max_tokens=config.llm.max_tokens,
-                           prompts=prompt_config(config))
+                           prompts=prompt_config(config)), close
 
 
 def prepare(config: SynthesisConfig, verifier) -> _Run:
@@ -397,7 +415,9 @@ def synthesize(config: SynthesisConfig, *, materializer: Materializer | None = N
         log(f"seed {r['seed']} rejected by the preflight ({r['check']}): {r['reason']}")
     log(f"{len(run.seeds)} seeds; selection: {run.selection.backend} ({run.selection.status}), objective "
         f"{run.selection.objective:.4f} in {run.selection.solve_seconds:.3f} s")
-    materializer = materializer or make_materializer(config)
+    close_materializer: Callable[[], None] = lambda: None
+    if materializer is None:
+        materializer, close_materializer = make_materializer(config)
     done = {r["name"] for r in run.results}
     accepted = sum(r["accepted"] for r in run.results)
     todo = [item for item in plan(run.selection, run.decisions, list(run.seeds), config.recipe, config.max_rounds)
@@ -439,6 +459,7 @@ def synthesize(config: SynthesisConfig, *, materializer: Materializer | None = N
     finally:
         results_file.close()
         bar.close()
+        close_materializer()
     report = build_report(run, time.perf_counter() - start, verifier.builds - builds0, verifier.cache_hits - hits0)
     _write_json(run.out / REPORT_FILE, report)
     log(f"exported {report['exported']} of {config.num_exports} bundles to {run.out / 'exports'} "
