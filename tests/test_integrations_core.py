@@ -90,7 +90,7 @@ def test_mismatches_are_named_and_record_nothing(graph):
     for (tids, rewards), message in cases:
         with pytest.raises(SchedulerInputError, match=message.replace("(", r"\(").replace("[", r"\[")):
             feed.record(tids, rewards)
-        assert all(len(v) == 0 for v in feed._rewards.values())        # nothing half-recorded
+        assert feed.recorded == {t: () for t in ids}                   # nothing half-recorded
     with pytest.raises(SchedulerInputError, match=r"trainer step 1: the batch of trainer step 0 still lacks rewards"):
         feed.next_batch(1)
     with pytest.raises(SchedulerInputError, match="the pending batch is trainer step 0"):

@@ -97,6 +97,11 @@ class SchedulerFeed:
         """Task ids of the step awaiting rewards (None when none is)."""
         return None if self._pending is None else list(self._pending[1])
 
+    @property
+    def recorded(self) -> dict[str, tuple[float, ...]]:
+        """The rewards recorded so far for the pending step, per task (mapped to [0, 1])."""
+        return {tid: tuple(values) for tid, values in self._rewards.items()}
+
     def next_batch(self, trainer_step: int | None = None) -> list[str]:
         """The B task ids of ``trainer_step`` (default: the next one). Selecting happens once per
         step; asking again for the pending step returns the same ids."""
