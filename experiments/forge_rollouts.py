@@ -30,7 +30,7 @@ from typing import Literal
 import tyro
 
 from envsched_jax.forge.bundle import read_bundle
-from envsched_jax.forge.families import builtin_seeds, to_bundle, write_builtin_seeds
+from envsched_jax.forge.families import write_builtin_seeds
 from envsched_jax.forge.passrate import estimate_pass_rates
 from envsched_jax.forge.simulated_policy import SkillCompetencePolicy, write_rollout_log
 

@@ -4,11 +4,8 @@ tokenizer (its overlong-prompt filter on), ``RayPPOTrainer._create_dataloader`` 
 ``StatefulDataLoader``) and ``_get_gen_batch``, ``extract_reward``, ``DataProto``, a config
 composed by Hydra from verl's ``ppo_trainer.yaml`` with the overrides a user types.
 
-``main_ppo`` and ``ray_trainer`` cannot be imported here (their FSDP engine imports ``peft``,
-which verl's --no-deps install lacks), so the functions above are compiled from those modules'
-source files, unchanged, with the names they import from their module; ``_create_dataloader``'s
-own ``from verl.trainer.main_ppo import ...`` is served the two compiled functions. ``fit()`` is
-not run (it needs GPU worker groups and a vLLM/SGLang rollout): each step does what fit() does
+``main_ppo`` and ``ray_trainer`` are imported as they are (the ``verl`` extra installs ``peft``,
+which their FSDP engine imports). ``fit()`` is not run (it needs GPU worker groups and a vLLM/SGLang rollout): each step does what fit() does
 between the data loader and ``sampler.update(batch=batch)`` -- DataProto.from_single_dict, a uid
 per prompt, _get_gen_batch, repeat(n, interleave=True), a rollout output shaped like the agent
 loop's (rm_scores at the last valid response token), union, the row shuffle of balance_batch,
@@ -19,17 +16,12 @@ the update, where ``_save_checkpoint`` sits in fit().
 
 from __future__ import annotations
 
-import ast
 import copy
-import importlib.util
 import os
-import sys
 import types
 import uuid
 import zlib
 from pathlib import Path
-from typing import Optional
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -46,16 +38,13 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import verl  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf, open_dict  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from torch.utils.data import Sampler  # noqa: E402
-from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 from verl import DataProto  # noqa: E402
-from verl.experimental.dataset.sampler import AbstractCurriculumSampler, AbstractSampler  # noqa: E402
+from verl.experimental.dataset.sampler import AbstractCurriculumSampler  # noqa: E402
 from verl.trainer.ppo.reward import extract_reward  # noqa: E402
 from verl.utils.dataset.rl_dataset import collate_fn  # noqa: E402
-from verl.utils.import_utils import load_extern_object  # noqa: E402
 
 from envsched_jax.graph.build import build_graph  # noqa: E402
 from envsched_jax.integrations import SchedulerFeed  # noqa: E402
@@ -69,32 +58,15 @@ STEPS_PER_EPOCH = TASKS // B
 PROMPT_LEN, RESPONSE_LEN = 6, 5
 
 
-# -- verl's own code, compiled from its source ----------------------------------------------------
-
-def _verl_function(module: str, qualname: str, namespace: dict):
-    """Compile function ``qualname`` of verl module ``module`` from its source file, unchanged,
-    into ``namespace`` (which supplies the names it imports at module level)."""
-    origin = importlib.util.find_spec(module).origin
-    node: ast.AST = ast.parse(Path(origin).read_text(encoding="utf-8"))
-    for part in qualname.split("."):
-        node = next(n for n in node.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part)
-    exec(compile(ast.Module(body=[node], type_ignores=[]), origin, "exec"), namespace)
-    return namespace[node.name]
-
+# -- verl's own code -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def verl_code():
-    main_ppo_names = {"AbstractSampler": AbstractSampler, "load_extern_object": load_extern_object}
-    main_ppo = types.ModuleType("verl.trainer.main_ppo")
-    for name in ("create_rl_dataset", "create_rl_sampler"):
-        setattr(main_ppo, name, _verl_function("verl.trainer.main_ppo", name, main_ppo_names))
-    trainer_names = {"StatefulDataLoader": StatefulDataLoader, "OmegaConf": OmegaConf, "open_dict": open_dict,
-                     "Sampler": Sampler, "Optional": Optional, "DataProto": DataProto}
-    return types.SimpleNamespace(
-        main_ppo=main_ppo,
-        create_dataloader=_verl_function("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._create_dataloader",
-                                         trainer_names),
-        get_gen_batch=_verl_function("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._get_gen_batch", trainer_names))
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    return types.SimpleNamespace(main_ppo=main_ppo, create_dataloader=RayPPOTrainer._create_dataloader,
+                                 get_gen_batch=RayPPOTrainer._get_gen_batch)
 
 
 # -- a dataset, a tokenizer, a config ----------------------------------------------------------
@@ -154,8 +126,7 @@ def _trainer(verl_code, config, tokenizer):
     val = create_rl_dataset(config.data.val_files, config.data, tokenizer, None, is_train=False)
     sampler = create_rl_sampler(config.data, train)
     trainer = types.SimpleNamespace(config=config, tokenizer=tokenizer, processor=None)
-    with mock.patch.dict(sys.modules, {"verl.trainer.main_ppo": verl_code.main_ppo}):
-        verl_code.create_dataloader(trainer, train, val, collate_fn, sampler)
+    verl_code.create_dataloader(trainer, train, val, collate_fn, sampler)
     return trainer
 
 
