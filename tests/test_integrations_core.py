@@ -128,3 +128,16 @@ def test_prompt_pool_builds_a_graph_and_names_bad_records():
     ]:
         with pytest.raises(PoolError, match=message):
             prompt_pool(records)
+
+
+def test_a_retried_step_can_discard_what_it_recorded(graph):
+    feed = _feed(graph)
+    ids = feed.next_batch(0)
+    flat = [t for t in ids for _ in range(4)]
+    feed.record(flat[:10], [0.5] * 10)
+    with pytest.raises(SchedulerInputError, match="more than K = 4 rewards"):
+        feed.record(flat, [0.5] * 24)          # the retry of the whole step, without discarding
+    feed.discard_recorded()
+    assert feed.recorded == {t: () for t in ids} and feed.next_batch(0) == ids
+    assert feed.record(flat, [1.0] * 24) is True
+    assert feed.scheduler.metrics()[0].mean_reward == [1.0] * 6

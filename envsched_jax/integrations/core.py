@@ -160,6 +160,12 @@ class SchedulerFeed:
         self._next = step + 1
         return True
 
+    def discard_recorded(self) -> None:
+        """Forget the rewards recorded so far for the pending step, keeping its batch: for a
+        trainer that retries a step after an exception part-way through it (its rewards are then
+        recorded again). Nothing to forget is not an error."""
+        self._rewards = {tid: [] for tid in self._rewards}
+
     # -- checkpoints --------------------------------------------------------------------------
 
     def save(self, directory: str | os.PathLike) -> Path:
