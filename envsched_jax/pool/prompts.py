@@ -10,6 +10,9 @@ dataset, EnvSched needs its nodes and their static graph, so :func:`prompt_pool`
   view; ``context`` any other text, e.g. a system prompt, for its context view);
 - an environment per distinct ``environment`` value (a dataset's source, category or sub-task;
   the whole dataset is one environment when no record names one), with no tools and no code.
+  With one environment, EnvSched's cold start (at most two tasks per environment in the first
+  batch) refuses batches of more than two: give the records a category, or build the scheduler
+  with ``infeasible="relax"``.
 
 What the graph can use (*decision*): the instruction, check and context views carry the signal;
 the environments give the within/cross split. Such tasks have no operations, so the abstract view
