@@ -50,6 +50,17 @@ def answer_reward(prompts, completions, answer, **kwargs):
     return [float(a in c) for c, a in zip(completions, answer)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _without_x64():
+    """tunix 0.1.7's Llama decoding cache mixes int32 and int64 indices under jax_enable_x64
+    (``dynamic_update_slice`` refuses them), and another test module turns x64 on for the whole
+    process; these tests run tunix as a user would, with JAX's default 32-bit types."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return train_chat_tokenizer([r["prompts"] for r in ROWS] * 4, vocab_size=300)
