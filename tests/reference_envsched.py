@@ -76,6 +76,7 @@ class RefConfig:
     progress_min_transitions: int = 3
     infeasible: str = "error"  # or "relax"
     relations: str = "both"  # or "within" / "cross" (ablations)
+    calibration: tuple[int, int] = (13, 7)  # eq. 12's 0.65 : 0.35 as integers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,10 +312,12 @@ class ReferenceEnvSched:
             yhat = (W[:, None] * ybar + ls * P) / (W[:, None] + ls)
             vhat, mhat, dhat = yhat[:, 0], yhat[:, 1], yhat[:, 2]
             f = dhat * mhat * (1.0 - mhat)
-            # 0.65 pr(vhat) + 0.35 pr(f), evaluated exactly (see the spec's numerics note).
+            # 0.65 pr(vhat) + 0.35 pr(f) (config.calibration = (13, 7)), evaluated exactly (see the
+            # spec's numerics note): a pr(vhat) + b pr(f) with pr = (r - 1) / (2 n), r = 2 rankavg.
+            a, b = cfg.calibration
             r_v = 2 * rankdata(vhat, method="average")
             r_f = 2 * rankdata(f, method="average")
-            p = (13 * r_v + 7 * r_f - 20) / (40 * self.n)
+            p = (a * r_v + b * r_f - (a + b)) / (2 * (a + b) * self.n)
             u_h = np.quantile(vhat, p)
             for key, val in (
                 ("bhat", bhat), ("W", W), ("ybar", ybar), ("G_in", G_in), ("G_cross", G_cross),

@@ -54,13 +54,13 @@ class JaxDetails:
         rows = np.maximum(nodes, 0)
         s.state = envsched_module._observe_update(
             s.state, jnp.asarray(nodes, jnp.int32), jnp.asarray(rewards), s._s_full,
-            jnp.asarray(np.asarray(s._s_abs)[rows]), s._env, config=s.config)
+            jnp.asarray(np.asarray(s._s_abs)[rows]), s._env, config=s.config.static())
 
     def details(self, t):
         s = self.sched
         assert int(s.state.step) == t
-        scores, progress, _, _ = envsched_module._score_and_select(s.state, s._s_full, s._env, config=s.config,
-                                                                num_envs=s._num_envs)
+        scores, progress, _, _ = envsched_module._score_and_select(
+            s.state, s.config.hyper(), s._s_full, s._env, static=s.config.static(), num_envs=s._num_envs)
         return jax_details(scores, progress, s.state, s.config)
 
 
@@ -119,8 +119,8 @@ def _run_both(graph, config, steps, seed, excluded=()):
     for t in range(steps):
         if t > 0:
             got, want = jax_details(*envsched_module._score_and_select(
-                sched.state, sched._s_full, sched._env, config=config, num_envs=sched._num_envs)[:2],
-                sched.state, config), ref.details(t)
+                sched.state, config.hyper(), sched._s_full, sched._env, static=config.static(),
+                num_envs=sched._num_envs)[:2], sched.state, config), ref.details(t)
             for key in ("u", "q", "sigma_in", "sigma_cross", "progress_est"):
                 np.testing.assert_allclose(got[key], want[key], atol=1e-9, err_msg=f"step {t} {key}")
             for key in ("nbr_in", "nbr_cross", "progress_n", "progress_excluded"):
@@ -203,6 +203,34 @@ def test_second_step_does_not_recompile():
         sched.observe(t, ids, reward_groups(rng, 6, 4))
         assert jax.tree.map(lambda a: (a.shape, a.dtype), sched.state) == shapes
     assert envsched_module.TRACES == before
+
+
+def test_hyper_parameters_are_traced_one_compilation_for_three_lambda_sim():
+    """Only shapes are static: three lambda_sim values (and other float and integer settings) share
+    one compiled step, and each still changes what is selected as the eager kernels do."""
+    graph = random_graph(np.random.default_rng(8), num_envs=5, per_env=8, dtype=np.float32)
+    base = EnvSchedConfig(batch_size=6, group_size=4, k_within=3, k_cross=4)   # shapes no other test uses
+    configs = {lam: dataclasses.replace(base, lambda_sim=lam, eta=0.25 * k, c0=8.0 + k, calibration=(13 - k, 7 + k))
+               for k, lam in enumerate((0.0, 0.08, 0.5))}
+
+    def run(config):
+        sched = EnvSched(graph, config)
+        rng = np.random.default_rng(0)
+        batches = []
+        for t in range(4):
+            batches.append(sched.select(t))
+            sched.observe(t, batches[-1], reward_groups(rng, 6, 4))
+        return batches
+
+    before = dict(envsched_module.TRACES)
+    runs = {lam: run(config) for lam, config in configs.items()}
+    traced = {name: envsched_module.TRACES[name] - before[name] for name in before}
+    # at most one trace each (none if an earlier test compiled these shapes): nothing recompiled
+    assert max(traced.values()) <= 1, f"a hyper-parameter change recompiled: {traced}"
+    assert runs[0.0] != runs[0.5]
+    with jax.disable_jit():   # the traced values are the ones the eager kernels use
+        for lam, config in configs.items():
+            assert run(config) == runs[lam], lam
 
 
 def test_infeasible_batch_size_is_refused_up_front_or_relaxed():

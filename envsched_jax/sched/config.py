@@ -1,9 +1,21 @@
-"""EnvSched configuration: every hyper-parameter of the paper's appendix D, with its default."""
+"""EnvSched configuration: every hyper-parameter of the paper's appendix D, with its default.
+
+Only shapes and structural choices are compile-time constants of the jitted kernels
+(:meth:`EnvSchedConfig.static`: B, K, B_cov = floor(rho B), K_within, K_cross, the history
+capacity, the dtype, the relations used, the infeasible-pick policy, the cold start). Every other
+hyper-parameter (the float ones: lambda_g, lambda_s, the half-lives, eta, c0, lambda_sim, the ridge
+penalty; the caps; the calibration weights) travels as traced values in an :class:`EnvSchedHyper`
+pytree (:meth:`EnvSchedConfig.hyper`), as optax passes a learning rate: changing one does not
+recompile, and a sweep over them is a ``vmap``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
+
+import jax.numpy as jnp
+from flax import struct
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +71,10 @@ class EnvSchedConfig:
     relation's neighbours)."""
     dtype: Literal["float32", "float64"] = "float32"
     """Floating-point type of the estimation kernels (float64 needs jax_enable_x64)."""
+    calibration: tuple[int, int] = (13, 7)
+    """Weights of eq. 12's calibration, 0.65 pr(vhat) + 0.35 pr(f), as integers a : b (13 : 7 =
+    0.65 : 0.35). Integers keep the rank combination exact, so mathematically equal arguments tie
+    (package docstring); a sweep over the split uses other integer pairs. a + b <= 1000."""
 
     def __post_init__(self):
         positive = ("batch_size", "group_size", "step_capacity", "cap_step",
@@ -85,7 +101,82 @@ class EnvSchedConfig:
             raise ValueError(f"EnvSchedConfig.relations must be 'both', 'within' or 'cross', got {self.relations!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"EnvSchedConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        cal = self.calibration
+        if (not isinstance(cal, (tuple, list)) or len(cal) != 2
+                or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in cal)
+                or not 1 <= sum(cal) <= 1000):
+            raise ValueError(f"EnvSchedConfig.calibration must be two ints a, b >= 0 with 1 <= a + b <= 1000, "
+                             f"got {cal!r}")
+        object.__setattr__(self, "calibration", (int(cal[0]), int(cal[1])))
 
     @property
     def num_coverage(self) -> int:
         return int(self.rho * self.batch_size)
+
+    def static(self) -> StaticConfig:
+        """The compile-time part (module docstring): what the jitted kernels are specialised on."""
+        return StaticConfig(**{f: getattr(self, f) for f in STATIC_FIELDS}, num_coverage=self.num_coverage)
+
+    def hyper(self) -> EnvSchedHyper:
+        """The traced part (module docstring), as arrays of the kernels' dtype (ints as int32)."""
+        dtype = jnp.dtype(self.dtype)
+        return EnvSchedHyper(**{f: jnp.asarray(getattr(self, f), dtype) for f in FLOAT_HYPER_FIELDS},
+                             **{f: jnp.asarray(getattr(self, f), jnp.int32) for f in INT_HYPER_FIELDS},
+                             calibration=jnp.asarray(self.calibration, jnp.int32))
+
+
+FLOAT_HYPER_FIELDS = ("lambda_g", "lambda_s", "h_long", "h_short", "eta", "c0", "lambda_sim", "ridge_lambda")
+INT_HYPER_FIELDS = ("cap_step", "cap_window", "cap_consecutive", "progress_min_transitions")
+STATIC_FIELDS = ("batch_size", "group_size", "k_within", "k_cross", "step_capacity", "infeasible", "cold_start",
+                 "relations", "dtype")
+
+
+@struct.dataclass
+class EnvSchedHyper:
+    """The traced hyper-parameters: scalars (``calibration``: [2] int32). A leading axis on every
+    leaf makes a batch of settings for ``vmap``."""
+
+    lambda_g: Any
+    lambda_s: Any
+    h_long: Any
+    h_short: Any
+    eta: Any
+    c0: Any
+    lambda_sim: Any
+    ridge_lambda: Any
+    cap_step: Any
+    cap_window: Any
+    cap_consecutive: Any
+    progress_min_transitions: Any
+    calibration: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticConfig:
+    """The compile-time part of :class:`EnvSchedConfig` (hashable: a ``jax.jit`` static argument)."""
+
+    batch_size: int
+    group_size: int
+    k_within: int
+    k_cross: int
+    step_capacity: int
+    infeasible: str
+    cold_start: str
+    relations: str
+    dtype: str
+    num_coverage: int
+
+
+class KernelConfig:
+    """What the kernels read as ``config``: the static fields as Python values and the hyper-
+    parameters as (traced) arrays, under the names of :class:`EnvSchedConfig`."""
+
+    __slots__ = ("_static", "_hyper")
+
+    def __init__(self, static: StaticConfig, hyper: EnvSchedHyper):
+        self._static, self._hyper = static, hyper
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FLOAT_HYPER_FIELDS or name in INT_HYPER_FIELDS or name == "calibration":
+            return getattr(self._hyper, name)
+        return getattr(self._static, name)

@@ -22,7 +22,7 @@ from envsched_jax.sched.base import (
     SchedulingError,
     register_scheduler,
 )
-from envsched_jax.sched.config import EnvSchedConfig
+from envsched_jax.sched.config import EnvSchedConfig, KernelConfig
 from envsched_jax.sched.feasibility import batch_feasibility, eligible_tasks_per_environment, explain_infeasible_pick
 
 LOG = logging.getLogger(__name__)
@@ -31,10 +31,12 @@ LOG = logging.getLogger(__name__)
 TRACES = {"score_and_select": 0, "observe": 0}  # trace counters (a test checks nothing recompiles)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_envs"))
-def _score_and_select(state, s_full, env_index, *, config, num_envs):
-    """One compiled program per (config, shapes): score pass, progress filter, greedy batch."""
+@functools.partial(jax.jit, static_argnames=("static", "num_envs"))
+def _score_and_select(state, hyper, s_full, env_index, *, static, num_envs):
+    """One compiled program per (static config, shapes): score pass, progress filter, greedy
+    batch. The hyper-parameters are traced (``hyper``)."""
     TRACES["score_and_select"] += 1
+    config = KernelConfig(static, hyper)
     scores = K.score_pass(state, config)
     progress = K.progress_filter(state, env_index, num_envs, config)
     selection = K.select_batch(state, scores.q, progress.excluded, s_full, env_index, config)
@@ -44,7 +46,8 @@ def _score_and_select(state, s_full, env_index, *, config, num_envs):
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _observe_update(state, batch, rewards, s_full, s_abs_rows, env_index, *, config):
-    """``batch``: ascending node indices (-1 padding allowed); ``s_abs_rows``: their S_abs rows."""
+    """``batch``: ascending node indices (-1 padding allowed); ``s_abs_rows``: their S_abs rows.
+    ``config``: the static config (observing reads no hyper-parameter)."""
     TRACES["observe"] += 1
     s_full_rows = s_full[jnp.maximum(batch, 0)]
     return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config)
@@ -171,8 +174,9 @@ class EnvSched(Scheduler):
                         "(one log line per step that needs it)", message)
         self.state = K.init_state(self.num_nodes, self._num_envs, config, jax.random.PRNGKey(seed))
         self.state = self.state.replace(excluded=jnp.asarray(mask))
-        self._step_fn = functools.partial(_score_and_select, config=config, num_envs=self._num_envs)
-        self._observe_fn = functools.partial(_observe_update, config=config)
+        self._hyper = config.hyper()
+        self._step_fn = functools.partial(_score_and_select, static=config.static(), num_envs=self._num_envs)
+        self._observe_fn = functools.partial(_observe_update, config=config.static())
         self.last_scores: K.Scores | None = None
         self.last_progress: K.Progress | None = None
 
@@ -191,7 +195,7 @@ class EnvSched(Scheduler):
                                       self.batch_size, np.asarray(self.state.excluded),
                                       self.config.infeasible == "relax", self.config.cap_step)
             return nodes, ["cold"] * len(nodes), None, self._relaxation_summary(step, relax)
-        scores, progress, sel, predicted = self._step_fn(self.state, self._s_full, self._env)
+        scores, progress, sel, predicted = self._step_fn(self.state, self._hyper, self._s_full, self._env)
         # One transfer for everything the host needs.
         nodes, phase, relaxed, feasible, predicted = jax.device_get(
             (sel.batch, sel.phase, sel.relaxed, sel.feasible, predicted))

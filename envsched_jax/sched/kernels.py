@@ -1,5 +1,10 @@
 """EnvSched's jit-compiled kernels: pure functions over an immutable state pytree.
 
+``config`` is anything with :class:`~envsched_jax.sched.config.EnvSchedConfig`'s field names:
+the config itself (Python values), or, under ``jax.jit``, a
+:class:`~envsched_jax.sched.config.KernelConfig` whose hyper-parameters are traced arrays, so that
+changing one does not recompile (:mod:`envsched_jax.sched.config`).
+
 Shapes: N nodes, E environments, S = step_capacity, B batch size, K group size, Kw / Kc within /
 cross neighbours; "observations" are the [S, B] entries of the step-major ring. Every equation follows the package docstring of
 :mod:`envsched_jax.sched`; the NumPy reference in ``tests/reference_envsched.py`` is tested against
@@ -215,8 +220,11 @@ def half_life_estimate(state: EnvSchedState, t: jax.Array, h: float, sigma_in: j
     vhat, mhat, dhat = yhat[:, V], yhat[:, M], yhat[:, D]
     f = dhat * mhat * (1.0 - mhat)
     sorted_vhat = sort_values(vhat)
-    # 0.65 pr(vhat) + 0.35 pr(f), evaluated exactly from doubled ranks (package docstring).
-    p = (13 * _doubled_rank(vhat, sorted_vhat) + 7 * _doubled_rank(f) - 20).astype(dtype) / (40 * n)
+    # a pr(vhat) + b pr(f) with a + b = 1 (0.65 and 0.35 as the integers 13 and 7), evaluated
+    # exactly from doubled ranks (package docstring).
+    a, b = config.calibration
+    total = a + b
+    p = (a * _doubled_rank(vhat, sorted_vhat) + b * _doubled_rank(f) - total).astype(dtype) / (2 * total * n)
     u = quantile_map(vhat, p, sorted_vhat)
     return HalfLifeEstimate(bhat, W, ybar, G_in, G_cross, P, yhat, f, u)
 
