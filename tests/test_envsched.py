@@ -19,6 +19,7 @@ from envsched_jax.sched import EnvSched, EnvSchedConfig, InfeasibleBatchError, S
 from envsched_jax.sched import envsched as envsched_module
 from envsched_jax.sched import kernels as K
 from envsched_jax.sched.ablations import ablation_config
+from envsched_jax.sched.config import KernelConfig
 
 from reference_envsched import RefConfig, ReferenceEnvSched
 from sched_helpers import graph_from_matrices, random_graph, reward_groups
@@ -346,3 +347,57 @@ def test_random_cold_start_depends_on_the_seed_and_respects_exclusions():
     assert all(len(set(b)) == 6 and not set(b) & set(excluded) for b in batches)
     static = EnvSched(graph, EnvSchedConfig(batch_size=6, group_size=4)).select(0)
     assert static == EnvSched(graph, EnvSchedConfig(batch_size=6, group_size=4), seed=1).select(0)
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_equal_eq5_scores_tie_to_the_lower_index(jit):
+    """q omega - lambda_sim s: q = 2341/2400 at similarity 0.75 and q = 2365/2400 at 0.875 score
+    the same at lambda_sim = 0.08 (in float64 as NumPy evaluates it), so the lower index wins.
+    A fused multiply-add under jit used to pick the higher one."""
+    cfg = EnvSchedConfig(batch_size=2, group_size=4, rho=0.0, k_within=2, k_cross=2, dtype="float64",
+                         lambda_sim=0.08)
+    q = np.array([0.1, 2341 / 2400, 0.2, 2365 / 2400, 0.99, 0.3])
+    s_full = np.eye(6)
+    s_full[4, 1] = s_full[1, 4] = 0.75
+    s_full[4, 3] = s_full[3, 4] = 0.875
+    assert q[1] - 0.08 * 0.75 == q[3] - 0.08 * 0.875   # the tie, as NumPy computes it
+    state = K.init_state(6, 2, cfg, jax.random.PRNGKey(0))
+    env = jnp.asarray([0, 0, 0, 1, 1, 1], jnp.int32)
+
+    def pick(state, hyper, q, s):
+        return K.select_batch(state, q, jnp.zeros(6, bool), s, env, KernelConfig(cfg.static(), hyper)).batch
+
+    args = (state, cfg.hyper(), jnp.asarray(q), jnp.asarray(s_full))
+    if jit:
+        batch = jax.jit(pick)(*args)
+    else:
+        with jax.disable_jit():
+            batch = pick(*args)
+    assert np.asarray(batch).tolist() == [4, 1]
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_one_neighbour_rows_weigh_their_neighbour_exactly_alike(jit):
+    """With one neighbour, sigma = delta, so delta / sigma = 1 and a_ij = exp(-1/2) clip(W_j)
+    whatever delta is: equal inputs give bitwise-equal estimates (a division by a broadcast,
+    rewritten by XLA as a reciprocal product, used to give 0.9999999999999999 in some rows)."""
+    rng = np.random.default_rng(0)
+    n = 2000
+    sim = np.zeros((n, 4))
+    sim[:, 0] = rng.uniform(0.0, 0.95, n)
+    nbr = np.full((n, 4), -1)
+    nbr[:, 0] = 0
+
+    def estimate(sim, nbr):
+        sigma = K.neighbour_bandwidth(sim, nbr >= 0)
+        return K.relation_estimate(nbr, sim, sigma, jnp.full(n, 0.7), jnp.full((n, 3), 0.3), jnp.zeros(3), 2.0)
+
+    args = (jnp.asarray(sim), jnp.asarray(nbr))
+    if jit:
+        g = np.asarray(jax.jit(estimate)(*args))
+    else:
+        with jax.disable_jit():
+            g = np.asarray(estimate(*args))
+    assert np.unique(g[:, 0]).size == 1
+    a = np.exp(-0.5) * 0.7
+    np.testing.assert_allclose(g[0, 0], a * 0.3 / (a + 2.0), rtol=1e-15)

@@ -44,6 +44,8 @@ mean of the two middle values for an even count); no neighbours -> no sigma need
 a_q[i, j] = exp(-0.5 (delta_q[i, j] / sigma_q[i])^2) * clip(W(h)[j], 0.1, 3)
 G_q[y, i] = (sum_{j in N_q(i)} a_q[i, j] ybar[j] + lambda_g bhat[y]) / (sum_j a_q[i, j] + lambda_g),
 lambda_g = 2; no neighbour -> bhat[y].
+CHOICE (numerics): delta_q / sigma_q is exactly 1 where delta_q[i, j] == sigma_q[i] (e.g. every row
+with one neighbour), so equal inputs give bit-for-bit equal weights.
 P[y, i] = 0.5 G_in + 0.5 G_cross. (Ablations, `relations` = "within" / "cross": P = G_in / G_cross,
 and the progress filter's R_nb uses only that relation's neighbours.)
 yhat[i] = (W[i] ybar[i] + lambda_s P[y, i]) / (W[i] + lambda_s), lambda_s = 2.
@@ -95,6 +97,9 @@ ties -> lower index.
 Exploitation pick: among eligible nodes not excluded by the progress filter, pick argmax
 q * omega - pen, omega = (1 + c_i / c0)^(-1/2), c_i = cumulative selections of i over steps < t,
 c0 = 16; ties -> lower index.
+CHOICE (numerics): q omega and pen are each rounded on their own and then subtracted (as NumPy
+evaluates the expression), so that mathematically equal scores tie exactly; the kernel keeps XLA
+from contracting them into a fused multiply-add (`kernels.select_batch`).
 CHOICE (infeasible picks): policy "error" (default) raises an error naming the step, the phase,
 the pick and how many candidates each cap (and the progress filter) rules out, and the state is
 unchanged; policy "relax" re-tries the pick dropping cumulatively, in order, the progress filter

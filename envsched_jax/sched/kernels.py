@@ -188,7 +188,12 @@ def relation_estimate(nbr: jax.Array, sim: jax.Array, sigma: jax.Array, W: jax.A
     valid = nbr >= 0
     j = jnp.maximum(nbr, 0)
     delta = jnp.clip(1.0 - sim, 0.0, 1.0)
-    a = jnp.exp(-0.5 * (delta / sigma[:, None]) ** 2) * jnp.clip(W[j], 0.1, 3.0)
+    # delta / sigma is exactly 1 where they are equal (every row with one neighbour, where sigma is
+    # that neighbour's delta): XLA rewrites a division by a broadcast as a multiplication by its
+    # reciprocal, which gave 0.9999999999999999 for a sixth of such rows, so equal inputs stopped
+    # giving equal weights and split percentile ranks that the equations tie.
+    ratio = jnp.where(delta == sigma[:, None], 1.0, delta / sigma[:, None])
+    a = jnp.exp(-0.5 * ratio ** 2) * jnp.clip(W[j], 0.1, 3.0)
     a = jnp.where(valid, a, 0.0)
     num = (a[..., None] * ybar[j]).sum(axis=1) + lambda_g * bhat[None, :]
     return num / (a.sum(axis=1, keepdims=True) + lambda_g)
@@ -372,12 +377,22 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
     B, b_cov = config.batch_size, config.num_coverage
     dtype = q.dtype
     omega = (1.0 + state.sel_count.astype(dtype) / config.c0) ** -0.5
+    # Eq. 5 is evaluated as NumPy (and the reference) evaluate it: q omega and lambda_sim s each
+    # rounded on its own, then subtracted, so that mathematically equal scores tie exactly and the
+    # lower index wins. Written as one expression, XLA fuses it and LLVM contracts it into a fused
+    # multiply-add whose single rounding splits such ties (q = 2341/2400 at similarity 0.75 vs
+    # q = 2365/2400 at 0.875, lambda_sim = 0.08, picked the higher index; an optimization barrier
+    # is removed by XLA's CPU pipeline). So the exploitation gain q omega is computed once, outside
+    # the loop, and the loop carries the penalty lambda_sim max_b s_ib itself (rounding is
+    # monotone, so the max of rounded products is the rounded product of the max): both reach the
+    # subtraction as stored values, with no multiplication left to contract.
+    gain = q * omega
     window_env = state.env_recent.sum(axis=0)                          # steps t-1 and t-2
     env_total_i = state.env_total[env_index]
     big = jnp.iinfo(jnp.int32).max
 
     def pick(k, carry):
-        batch, phase, relaxed, feasible, in_batch, env_count, max_sim = carry
+        batch, phase, relaxed, feasible, in_batch, env_count, penalty = carry
         coverage = k < b_cov
         cnt = env_count[env_index]
         base = ~in_batch & ~state.excluded
@@ -403,8 +418,7 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
 
         cov_mask = restrict(restrict(restrict(eligible, cnt), env_total_i), state.num_obs)
         mask = jnp.where(coverage, cov_mask, eligible)
-        penalty = config.lambda_sim * max_sim
-        score = jnp.where(coverage, q, q * omega) - penalty
+        score = jnp.where(coverage, q, gain) - penalty
         i = jnp.argmax(jnp.where(mask, score, -jnp.inf)).astype(jnp.int32)
         e = env_index[i]
         return (batch.at[k].set(jnp.where(ok, i, -1)),
@@ -413,7 +427,7 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
                 feasible.at[k].set(ok),
                 in_batch.at[i].set(in_batch[i] | ok),
                 env_count.at[e].add(ok.astype(jnp.int32)),
-                jnp.where(ok, jnp.maximum(max_sim, s_full[i].astype(dtype)), max_sim))
+                jnp.where(ok, jnp.maximum(penalty, config.lambda_sim * s_full[i].astype(dtype)), penalty))
 
     init = (jnp.full((B,), -1, jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32),
             jnp.zeros((B,), bool), jnp.zeros((n,), bool), jnp.zeros_like(state.env_total),
