@@ -13,7 +13,7 @@ from envsched_jax.pool.embedded import wrong_action_sequences
 from envsched_jax.pool.model import Action, Pool
 from envsched_jax.pool.sources import load_pool
 from sandbox_helpers import sandbox_param
-from tests.test_sandbox_hostile import hostile_pool
+from test_sandbox_hostile import hostile_pool  # not "tests.": verl installs a top-level "tests" package
 
 MiB = 2**20
 
