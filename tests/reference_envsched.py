@@ -11,8 +11,12 @@ the JAX side must match them):
 * Progress filter, standardisation: a feature column whose values are all exactly equal
   (max == min) is treated as having std 0: its divisor is 1 and its standardised values are set to
   exactly 0 (rather than ``x - mean``, which can be +-1 ulp off for an inexact mean).
-* Progress filter with fewer than 2 transitions in the pool: no fit; ``progress_est`` is 0 for
-  every node and nobody is excluded (``progress_n`` still counts transitions).
+* Progress filter, ``progress_fit="earlier_steps"`` (the paper's rule, the default): the
+  transitions of step s are scored by a fit on those of steps < s; a step with fewer than two
+  earlier transitions is not scored, and ``progress_n`` counts scored transitions only.
+* Progress filter, ``progress_fit="in_sample"``, fewer than 2 transitions in the pool: no fit;
+  ``progress_est`` is 0 for every node and nobody is excluded (``progress_n`` still counts
+  transitions).
 * Relaxation under policy "relax" is cumulative: the pick is retried dropping first the progress
   filter (exploitation only), then also cap (c), then also (b), then also (a). Every dropped
   constraint of the level that succeeded is appended to ``self.relaxations[t]`` once per pick
@@ -77,6 +81,7 @@ class RefConfig:
     infeasible: str = "error"  # or "relax"
     relations: str = "both"  # or "within" / "cross" (ablations)
     calibration: tuple[int, int] = (13, 7)  # eq. 12's 0.65 : 0.35 as integers
+    progress_fit: str = "earlier_steps"  # or "in_sample"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +210,7 @@ class ReferenceEnvSched:
     def progress_fit(self, t: int, nbr_in: np.ndarray, nbr_cross: np.ndarray) -> dict:
         """Transitions, ridge fit and shrunken residual estimates of the progress filter."""
         cfg = self.config
-        trans_node, feats, target = [], [], []
+        trans_node, feats, target, later = [], [], [], []
         for i in range(self.n):
             u = self.usable(i, t)
             for k in range(len(u) - 1):
@@ -213,6 +218,7 @@ class ReferenceEnvSched:
                 trans_node.append(i)
                 feats.append([o1.m, o1.m**2, o1.v, float(o1.step), float(k + 1)])
                 target.append(o2.m)
+                later.append(o2.step)
         n_trans = np.zeros(self.n, dtype=np.int64)
         for i in trans_node:
             n_trans[i] += 1
@@ -224,23 +230,57 @@ class ReferenceEnvSched:
             "progress_est": np.zeros(self.n),
             "progress_excluded": np.zeros(self.n, dtype=bool),
         }
-        if len(trans_node) < 2:
-            return out
         X = out["X"]
         y = out["y"]
-        x_std = np.zeros_like(X)
-        for c in range(X.shape[1]):
-            col = X[:, c]
-            if col.max() == col.min():
-                continue  # std 0 -> divisor 1, standardised column exactly 0
-            x_std[:, c] = (col - col.mean()) / col.std()
-        onehot = np.zeros((X.shape[0], self.n_env))
-        for r, i in enumerate(trans_node):
-            onehot[r, self.env[i]] = 1.0
-        design = np.concatenate([x_std, onehot], axis=1)
-        y_mean = float(y.mean())
-        coef = fit_ridge(design, y - y_mean, cfg.ridge_lambda)
-        resid = y - (y_mean + design @ coef)
+
+        def standardise(X_fit, X_apply):
+            x_std = np.zeros_like(X_apply)
+            for c in range(X_fit.shape[1]):
+                col = X_fit[:, c]
+                if col.max() == col.min():
+                    continue  # std 0 -> divisor 1, standardised column exactly 0
+                x_std[:, c] = (X_apply[:, c] - col.mean()) / col.std()
+            return x_std
+
+        def onehot(rows):
+            out_ = np.zeros((len(rows), self.n_env))
+            for r, i in enumerate(rows):
+                out_[r, self.env[i]] = 1.0
+            return out_
+
+        nodes = np.array(trans_node, dtype=np.int64)
+        if cfg.progress_fit == "earlier_steps":
+            # The paper's rule: each transition is predicted by a fit on the transitions of
+            # strictly earlier steps only (standardised and centred on those); a step with fewer
+            # than two earlier transitions has no fit and its transitions are not scored.
+            later_arr = np.array(later, dtype=np.int64)
+            resid = np.zeros(len(trans_node))
+            scored = np.zeros(len(trans_node), dtype=bool)
+            for s_ in sorted(set(later)):
+                fit, here = later_arr < s_, later_arr == s_
+                if fit.sum() < 2:
+                    continue
+                y_mean = float(y[fit].mean())
+                coef = fit_ridge(np.concatenate([standardise(X[fit], X[fit]), onehot(nodes[fit])], axis=1),
+                                 y[fit] - y_mean, cfg.ridge_lambda)
+                design_here = np.concatenate([standardise(X[fit], X[here]), onehot(nodes[here])], axis=1)
+                resid[here] = y[here] - (y_mean + design_here @ coef)
+                scored[here] = True
+            keep = np.flatnonzero(scored)
+            trans_node = [trans_node[r] for r in keep]
+            resid = resid[keep]
+            n_trans = np.zeros(self.n, dtype=np.int64)
+            for i in trans_node:
+                n_trans[i] += 1
+            out.update(progress_n=n_trans, scored=scored)
+        else:
+            if len(trans_node) < 2:
+                return out
+            design = np.concatenate([standardise(X, X), onehot(nodes)], axis=1)
+            y_mean = float(y.mean())
+            coef = fit_ridge(design, y - y_mean, cfg.ridge_lambda)
+            resid = y - (y_mean + design @ coef)
+            out.update(design=design, y_centered=y - y_mean, y_mean=y_mean, coef=coef)
 
         rbar = np.zeros(self.n)
         for i in range(self.n):
@@ -262,10 +302,6 @@ class ReferenceEnvSched:
             ref = 0.5 * r_env[self.env[i]] + 0.5 * r_nb
             est[i] = (n_trans[i] * rbar[i] + ls * ref) / (n_trans[i] + ls)
         out.update(
-            design=design,
-            y_centered=y - y_mean,
-            y_mean=y_mean,
-            coef=coef,
             residuals=resid,
             rbar=rbar,
             r_env=r_env,

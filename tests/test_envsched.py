@@ -77,8 +77,11 @@ def jax_details(scores, progress, state, config) -> dict:
     return out
 
 
-def test_four_node_example_matches_hand_computation():
-    assert_four_node_details(run_four_node(lambda s_full, s_abs, env: JaxDetails(s_full, s_abs, env)))
+@pytest.mark.parametrize("progress_fit", ["in_sample", "earlier_steps"])
+def test_four_node_example_matches_hand_computation(progress_fit):
+    config = dataclasses.replace(F64, progress_fit=progress_fit)
+    assert_four_node_details(run_four_node(lambda s_full, s_abs, env: JaxDetails(s_full, s_abs, env, config)),
+                             progress_fit)
 
 
 def test_group_statistics_by_hand():
@@ -117,6 +120,7 @@ def _run_both(graph, config, steps, seed, excluded=()):
     ref = ReferenceEnvSched(np.asarray(graph.s_full, np.float64), np.asarray(graph.s_abs, np.float64),
                             graph.env_index, _ref_config(config), excluded=excluded)
     rng = np.random.default_rng(seed)
+    excluded_steps = 0
     for t in range(steps):
         if t > 0:
             got, want = jax_details(*envsched_module._score_and_select(
@@ -136,16 +140,28 @@ def _run_both(graph, config, steps, seed, excluded=()):
         rewards = reward_groups(rng, config.batch_size, config.group_size)
         sched.observe(t, ids, rewards)
         ref.observe(t, nodes, rewards)
+        excluded_steps += t > 0 and bool(want["progress_excluded"].any())
+    return excluded_steps
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), rho=st.sampled_from([0.0, 0.5, 1.0]),
-       window=st.sampled_from([3, 6, 128]), steps=st.integers(3, 9))
-def test_agrees_with_numpy_reference(seed, rho, window, steps):
+       window=st.sampled_from([3, 6, 128]), steps=st.integers(3, 9),
+       progress_fit=st.sampled_from(["earlier_steps", "in_sample"]))
+def test_agrees_with_numpy_reference(seed, rho, window, steps, progress_fit):
     graph = random_graph(np.random.default_rng(seed), num_envs=5, per_env=8)
     config = dataclasses.replace(F64, batch_size=8, group_size=4, rho=rho, step_capacity=window,
-                                 cap_window=5)
+                                 cap_window=5, progress_fit=progress_fit)
     _run_both(graph, config, steps, seed)
+
+
+@pytest.mark.parametrize("progress_fit", ["earlier_steps", "in_sample"])
+def test_agrees_with_reference_where_the_progress_filter_excludes(progress_fit):
+    """Long enough for nodes to reach three scored transitions under either rule."""
+    graph = random_graph(np.random.default_rng(21), num_envs=3, per_env=5)
+    config = dataclasses.replace(F64, batch_size=6, group_size=4, cap_consecutive=16, cap_window=16,
+                                 progress_fit=progress_fit)
+    assert _run_both(graph, config, 16, seed=21) > 0
 
 
 def test_agrees_with_reference_with_exclusions_and_relaxation():

@@ -220,10 +220,14 @@ def _build_four_node_expected() -> dict:
     exp["progress_n"] = np.array([1, 1, 0, 0])
     exp["progress_est"] = np.zeros(4)
     exp["progress_excluded"] = np.zeros(4, dtype=bool)
+    # The above is progress_fit="in_sample". Under the paper's rule (earlier_steps, the default)
+    # both transitions end at step 1 and no earlier step has a transition to fit on: nothing is
+    # scored, so progress_n = 0 everywhere and est = 0 (FOUR_NODE_PROGRESS_N below).
     return exp
 
 
 FOUR_NODE_EXPECTED = _build_four_node_expected()
+FOUR_NODE_PROGRESS_N = {"in_sample": np.array([1, 1, 0, 0]), "earlier_steps": np.zeros(4, np.int64)}
 _H_KEYS = ("bhat", "W", "ybar", "G_in", "G_cross", "P", "yhat", "f", "u_h")
 
 
@@ -236,8 +240,8 @@ def run_four_node(impl_factory) -> dict:
     return impl.details(sc["t"])
 
 
-def assert_four_node_details(got: dict) -> None:
-    exp = FOUR_NODE_EXPECTED
+def assert_four_node_details(got: dict, progress_fit: str = "in_sample") -> None:
+    exp = dict(FOUR_NODE_EXPECTED, progress_n=FOUR_NODE_PROGRESS_N[progress_fit])
     for key in _H_KEYS:
         for h in (8.0, 2.0):
             np.testing.assert_allclose(
@@ -274,8 +278,11 @@ def test_four_node_step_means_and_weights():
     assert d["W"][2.0][1] == pytest.approx(0.5 + 0.7071067811865476, abs=ABS)
 
 
-def test_four_node_all_quantities():
-    assert_four_node_details(run_four_node(lambda s_full, s_abs, env: ReferenceEnvSched(s_full, s_abs, env)))
+@pytest.mark.parametrize("progress_fit", ["in_sample", "earlier_steps"])
+def test_four_node_all_quantities(progress_fit):
+    config = RefConfig(progress_fit=progress_fit)
+    assert_four_node_details(run_four_node(lambda s_full, s_abs, env: ReferenceEnvSched(s_full, s_abs, env, config)),
+                             progress_fit)
 
 
 def test_four_node_spot_values():
@@ -338,8 +345,8 @@ def _state_equal(a, b) -> bool:
 # =============================================================================================
 # 2. Progress filter and ridge
 # =============================================================================================
-def _progress_scenario():
-    """Details at t = 7. Nodes 0 (A), 1 (B) in env 0; nodes 2 (C), 3, 4 in env 1.
+def _progress_scenario(progress_fit="in_sample"):
+    """Details at t = 7 (the in-sample rule unless ``progress_fit`` says otherwise). Nodes 0 (A), 1 (B) in env 0; nodes 2 (C), 3, 4 in env 1.
 
     A and B are observed at steps 0, 2, 4, 6 (3 transitions each, never two steps in a row, so
     cap (c) does not block them at t = 7), C at steps 0, 2, 4 (2 transitions), node 4 at steps
@@ -349,7 +356,7 @@ def _progress_scenario():
     s_full = np.full((5, 5), 0.5)
     np.fill_diagonal(s_full, 1.0)
     s_abs = s_full.copy()
-    ref = ReferenceEnvSched(s_full, s_abs, env, RefConfig(batch_size=4))
+    ref = ReferenceEnvSched(s_full, s_abs, env, RefConfig(batch_size=4, progress_fit=progress_fit))
     means = {
         0: {0: 0.9, 2: 0.7, 4: 0.5, 6: 0.3},  # A: falling
         1: {0: 0.1, 2: 0.3, 4: 0.5, 6: 0.7},  # B: rising
@@ -375,7 +382,7 @@ def test_progress_filter_small_case():
 
     # exploitation never picks A although it has the highest q; without the filter it is first
     q = np.array([1.0, 0.2, 0.3, 0.4, 0.5])
-    expl = ReferenceEnvSched(ref.s_full, ref.s_abs, ref.env, RefConfig(batch_size=2, rho=0.0))
+    expl = ReferenceEnvSched(ref.s_full, ref.s_abs, ref.env, RefConfig(batch_size=2, rho=0.0, progress_fit="in_sample"))
     expl.__dict__.update({k: copy.deepcopy(v) for k, v in ref.__dict__.items() if k != "config"})
     picks, phases = expl.construct_batch(7, q, d["progress_excluded"])
     assert phases == ["exploitation"] * 2 and 0 not in picks
@@ -395,7 +402,7 @@ def test_progress_filter_small_case():
 def test_progress_filter_needs_two_transitions():
     env = np.array([0, 0, 1])
     s = np.eye(3) * 0.5 + 0.5
-    ref = ReferenceEnvSched(s, s, env)
+    ref = ReferenceEnvSched(s, s, env, RefConfig(progress_fit="in_sample"))
     ref.observe(0, [0, 1], np.array([[1.0, 1.0], [0.0, 1.0]]))
     ref.observe(1, [0, 2], np.array([[0.0, 0.0], [1.0, 1.0]]))
     d = ref.details(2)
@@ -409,7 +416,7 @@ def test_progress_design_and_ridge_against_sklearn():
 
     rng = np.random.default_rng(3)
     s_full, s_abs, env, _ = _random_scenario(rng, 40, 5)
-    ref = ReferenceEnvSched(s_full, s_abs, env, RefConfig(batch_size=12, ridge_lambda=1.0))
+    ref = ReferenceEnvSched(s_full, s_abs, env, RefConfig(batch_size=12, ridge_lambda=1.0, progress_fit="in_sample"))
     p = rng.uniform(size=40)
     for t in range(8):
         nodes = sorted(rng.choice(40, size=12, replace=False).tolist())
@@ -435,6 +442,44 @@ def test_progress_design_and_ridge_against_sklearn():
         k = int(fit["X"][r, 4]) - 1
         assert obs[k].step == fit["X"][r, 3]
         assert obs[k + 1].m == fit["y"][r]
+
+
+def test_progress_earlier_steps_scores_each_step_by_a_fit_on_earlier_steps_only():
+    """The paper's rule (appendix C), checked against scikit-learn's Ridge: the transitions of
+    step s are residuals of a fit on the transitions of steps < s only (standardised and centred
+    on those); steps with fewer than two earlier transitions are not scored."""
+    from sklearn.linear_model import Ridge
+
+    rng = np.random.default_rng(4)
+    s_full, s_abs, env, _ = _random_scenario(rng, 40, 5)
+    ref = ReferenceEnvSched(s_full, s_abs, env, RefConfig(batch_size=12, ridge_lambda=1.0))
+    assert ref.config.progress_fit == "earlier_steps"   # the default
+    p = rng.uniform(size=40)
+    for t in range(9):
+        nodes = sorted(rng.choice(40, size=12, replace=False).tolist())
+        ref.observe(t, nodes, _rewards(rng, p, nodes, 6))
+    d = ref.details(9)
+    fit = ref.progress_fit(9, d["nbr_in"], d["nbr_cross"])
+    X, y, node = fit["X"], fit["y"], fit["transition_node"]
+    later = np.array([ref.usable(i, 9)[int(X[r, 4])].step for r, i in enumerate(node)])
+    want = np.full(len(y), np.nan)
+    for s_ in np.unique(later):
+        before, here = later < s_, later == s_
+        if before.sum() < 2:
+            continue
+        mu, sd = X[before].mean(0), X[before].std(0)
+        flat = X[before].max(0) == X[before].min(0)
+        scale = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, sd))
+        onehot = np.eye(5)[env[node]]
+        design_fit = np.hstack([(X[before] - mu) * scale, onehot[before]])
+        design_here = np.hstack([(X[here] - mu) * scale, onehot[here]])
+        sk = Ridge(alpha=1.0, fit_intercept=False).fit(design_fit, y[before] - y[before].mean())
+        want[here] = y[here] - y[before].mean() - sk.predict(design_here)
+    scored = ~np.isnan(want)
+    assert 0 < scored.sum() < len(y)   # the first step with transitions has no earlier fit
+    np.testing.assert_array_equal(fit["scored"], scored)
+    np.testing.assert_allclose(fit["residuals"], want[scored], atol=1e-9)
+    np.testing.assert_array_equal(d["progress_n"], np.bincount(node[scored], minlength=40))
 
 
 def test_progress_constant_column_is_zero():

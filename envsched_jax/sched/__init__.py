@@ -72,14 +72,22 @@ Fit (only on those transitions): standardise each feature column (mean, populati
 column with max == min becomes exactly 0); center the target (ybar = mean y); ridge regression of y - ybar on [x_std, onehot(env)] with
 penalty lambda_ridge = 1.0 on every coefficient (no intercept beyond the centering).
 Residual of a transition: r = y - (ybar + x_std beta + gamma[env]).
-Node residual: n_i = number of its transitions, rbar_i = their mean residual (0 if none).
-Environment reference R_env(e) = mean residual over all transitions of nodes of e (0 if none).
+Which fit scores which transition (`progress_fit`): "earlier_steps" (default; the paper's
+appendix C, "each transition is predicted using only transitions from earlier completed training
+steps"): the transitions whose later observation is at step s are scored by the fit above computed
+on the transitions with later step < s only (standardisation, centring and the max == min test on
+those too); a step with fewer than two earlier transitions has no fit and its transitions are not
+scored (they count in no n_i, rbar or R_env). Cost: one fit per step of the window, O(S B + S E)
+per selection from per-step sums. "in_sample" (this project's rule until 2026-12-04): one fit on
+all transitions, each scored by its in-sample residual.
+Node residual: n_i = number of its scored transitions, rbar_i = their mean residual (0 if none).
+Environment reference R_env(e) = mean residual over all scored transitions of nodes of e (0 if none).
 Neighbour reference R_nb(i) = mean of rbar_j over j in N_in(i) union N_cross(i) with n_j > 0 (0 if
 none; the neighbour sets of this step).
 Shrinkage as in eq. 4: est_i = (n_i rbar_i + lambda_s (0.5 R_env(env i) + 0.5 R_nb(i))) / (n_i + lambda_s).
 A node with n_i >= 3 and est_i <= 0 is excluded from exploitation (stays eligible for coverage).
-With fewer than 2 transitions in the whole pool there is no fit: every estimate is 0 and no node
-is excluded.
+("in_sample") With fewer than 2 transitions in the whole pool there is no fit: every estimate is 0
+and no node is excluded (n_i still counts its transitions).
 
 ## Batch construction (select at step t >= 1)
 B_cov = floor(rho B), B_exp = B - B_cov, rho = 0.5; coverage picks first, then exploitation, into

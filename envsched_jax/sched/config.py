@@ -59,6 +59,11 @@ class EnvSchedConfig:
     """Ridge penalty of the progress filter (the paper gives none; our choice)."""
     progress_min_transitions: int = 3
     """Scorable transitions a node needs before the progress filter may exclude it."""
+    progress_fit: Literal["earlier_steps", "in_sample"] = "earlier_steps"
+    """How the progress filter scores a transition: 'earlier_steps' (the paper, appendix C: by a
+    ridge fit on the transitions of strictly earlier steps only, one fit per step of the history
+    window) or 'in_sample' (one fit on every transition before t, residuals in-sample; this
+    project's rule before 2026-12-04)."""
     infeasible: Literal["error", "relax"] = "error"
     """When caps leave no eligible node: raise ('error') or relax filters/caps in a fixed,
     logged order ('relax')."""
@@ -99,6 +104,9 @@ class EnvSchedConfig:
             raise ValueError(f"EnvSchedConfig.cold_start must be 'static' or 'random', got {self.cold_start!r}")
         if self.relations not in ("both", "within", "cross"):
             raise ValueError(f"EnvSchedConfig.relations must be 'both', 'within' or 'cross', got {self.relations!r}")
+        if self.progress_fit not in ("earlier_steps", "in_sample"):
+            raise ValueError(f"EnvSchedConfig.progress_fit must be 'earlier_steps' or 'in_sample', "
+                             f"got {self.progress_fit!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"EnvSchedConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}")
         cal = self.calibration
@@ -128,7 +136,7 @@ class EnvSchedConfig:
 FLOAT_HYPER_FIELDS = ("lambda_g", "lambda_s", "h_long", "h_short", "eta", "c0", "lambda_sim", "ridge_lambda")
 INT_HYPER_FIELDS = ("cap_step", "cap_window", "cap_consecutive", "progress_min_transitions")
 STATIC_FIELDS = ("batch_size", "group_size", "k_within", "k_cross", "step_capacity", "infeasible", "cold_start",
-                 "relations", "dtype")
+                 "relations", "dtype", "progress_fit")
 
 
 @struct.dataclass
@@ -164,6 +172,7 @@ class StaticConfig:
     cold_start: str
     relations: str
     dtype: str
+    progress_fit: str
     num_coverage: int
 
 

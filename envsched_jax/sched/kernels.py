@@ -282,11 +282,89 @@ def _spd_solve(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.stack(x)
 
 
+def _ridge_solve(a11: jax.Array, s_e: jax.Array, n_e: jax.Array, b1: jax.Array, b2: jax.Array,
+                 lam: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Ridge on [xs, onehot(env)] with penalty lam on every coefficient, from its normal equations
+    (a11 = xs'W xs + lam I [5, 5], s_e = per-environment sums of w xs [E, 5], n_e = per-environment
+    weights [E], b1 = xs'W yc [5], b2 = per-environment sums of w yc [E]), solved through the Schur
+    complement of the (diagonal) environment block: O(E) instead of O(E^3). Returns (beta, gamma)."""
+    inv = 1.0 / (n_e + lam)
+    schur = a11 - (s_e * inv[:, None]).T @ s_e
+    beta = _spd_solve(schur, b1 - s_e.T @ (b2 * inv))
+    return beta, (b2 - s_e @ beta) * inv
+
+
+def _exclusive_prefix(values: jax.Array, order: jax.Array, inverse: jax.Array, combine, empty) -> jax.Array:
+    """For every ring slot, ``combine`` (a cumulative op along axis 0) over the slots of strictly
+    earlier steps: ``order`` sorts the slots by step, ``inverse`` undoes it."""
+    ordered = values[order]
+    inclusive = combine(ordered, axis=0)
+    shifted = jnp.concatenate([jnp.full_like(inclusive[:1], empty), inclusive[:-1]], axis=0)
+    return shifted[inverse]
+
+
+def _earlier_steps_residuals(x, target, pair, w, slot_ok, step_ids, env_o, num_envs, lam):
+    """The paper's rule (appendix C): the transitions of each step are scored by a ridge fit on the
+    transitions of strictly earlier steps (within the history window) only, with the
+    standardisation and centring of that fit. Returns residuals [S, B] and the mask of scored
+    transitions (those whose step has at least two earlier transitions to fit on).
+
+    Cost: one fit per ring slot, each a 5 x 5 Cholesky solve plus O(E) Schur terms, from
+    per-step sufficient statistics accumulated in step order: O(S B + S E) per selection whatever
+    t and N, bounded by the ring capacity S (the window the filter reads anyway). The moments are
+    taken about the window's mean (a shift that leaves every fit unchanged in exact arithmetic
+    and keeps float32 sums well conditioned)."""
+    dtype = x.dtype
+    cap, width = target.shape
+    inf = jnp.asarray(jnp.inf, dtype)
+    total = jnp.maximum(w.sum(), 1.0)
+    x0 = x - ((w * x).sum((1, 2)) / total)[:, None, None]                   # [5, S, B]
+    y0 = target - (w * target).sum() / total                                 # [S, B]
+    wx = w * x0
+    seg = (jnp.arange(cap)[:, None] * num_envs + env_o.reshape(cap, width)).reshape(-1)
+    stats = dict(
+        n=w.sum(1),                                                          # [S]
+        sx=wx.sum(2).T,                                                      # [S, 5]
+        sxx=jnp.einsum("isb,jsb->sij", wx, x0),                              # [S, 5, 5]
+        sy=(w * y0).sum(1),                                                  # [S]
+        sxy=jnp.einsum("isb,sb->si", wx, y0),                                # [S, 5]
+        ne=jax.ops.segment_sum(w.reshape(-1), seg, cap * num_envs).reshape(cap, num_envs),
+        sex=jax.ops.segment_sum(wx.reshape(5, -1).T, seg, cap * num_envs).reshape(cap, num_envs, 5),
+        sey=jax.ops.segment_sum((w * y0).reshape(-1), seg, cap * num_envs).reshape(cap, num_envs))
+    order = jnp.argsort(jnp.where(slot_ok, step_ids, jnp.iinfo(jnp.int32).max))
+    inverse = jnp.argsort(order)
+    p = {k: _exclusive_prefix(v, order, inverse, jnp.cumsum, 0.0) for k, v in stats.items()}
+    col_max = _exclusive_prefix(jnp.max(jnp.where(pair, x, -inf), axis=2).T, order, inverse,
+                                jax.lax.cummax, -inf)                        # [S, 5]
+    col_min = _exclusive_prefix(jnp.min(jnp.where(pair, x, inf), axis=2).T, order, inverse,
+                                jax.lax.cummin, inf)
+    n = jnp.maximum(p["n"], 1.0)
+    mu = p["sx"] / n[:, None]                                                # [S, 5]
+    sd = jnp.sqrt(jnp.maximum(jnp.diagonal(p["sxx"], axis1=1, axis2=2) / n[:, None] - mu ** 2, 0.0))
+    constant = col_max <= col_min
+    scale = jnp.where(constant, 0.0, 1.0 / jnp.where(constant | (sd == 0), 1.0, sd))   # xs = (x0 - mu) scale
+    ybar = p["sy"] / n
+    centred = p["sxx"] - p["n"][:, None, None] * mu[:, :, None] * mu[:, None, :]
+    a11 = scale[:, :, None] * centred * scale[:, None, :] + lam * jnp.eye(5, dtype=dtype)
+    s_e = (p["sex"] - p["ne"][..., None] * mu[:, None, :]) * scale[:, None, :]
+    b1 = (p["sxy"] - p["n"][:, None] * mu * ybar[:, None]) * scale
+    b2 = p["sey"] - p["ne"] * ybar[:, None]
+    beta, gamma = jax.vmap(_ridge_solve, in_axes=(0, 0, 0, 0, 0, None))(a11, s_e, p["ne"], b1, b2, lam)
+    xs = (x0 - mu.T[:, :, None]) * scale.T[:, :, None]                       # [5, S, B]
+    fitted = (beta.T[:, :, None] * xs).sum(0) + gamma[jnp.arange(cap)[:, None], env_o.reshape(cap, width)]
+    scored = pair & (p["n"] >= 2)[:, None]
+    return jnp.where(scored, y0 - ybar[:, None] - fitted, 0.0), scored
+
+
 def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, config) -> Progress:
-    """Ridge regression of the next mean reward on (m, m^2, v, step, count, environment), fitted on
-    the transitions between consecutive usable observations; a node's mean residual is shrunk
-    toward environment and neighbour references as in eq. 4; nodes with enough transitions and a
-    non-positive estimate leave the exploitation candidates.
+    """Ridge regression of the next mean reward on (m, m^2, v, step, count, environment) over the
+    transitions between consecutive usable observations; a node's mean residual is shrunk
+    toward environment and neighbour references as in eq. 4; nodes with enough scored
+    transitions and a non-positive estimate leave the exploitation candidates.
+
+    ``config.progress_fit``: "earlier_steps" (the paper) scores each transition by a fit on
+    strictly earlier steps' transitions (:func:`_earlier_steps_residuals`); "in_sample" fits once
+    on all of them and takes in-sample residuals.
 
     A transition is indexed by its later observation (an entry of the ring) and reads the earlier
     one through the recorded previous-observation pointer; both must be usable."""
@@ -294,7 +372,7 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     n = state.num_obs.shape[0]
     cap = config.step_capacity
     t = state.step
-    ok, _ = _usable(state, t, cap)                                          # [S, B]
+    ok, slot_ok = _usable(state, t, cap)                                    # [S, B], [S]
     node = jnp.maximum(state.obs_node, 0)
     prev_step = state.obs_prev_step
     pair = ok & (prev_step >= 0) & (prev_step >= t - cap)
@@ -310,40 +388,35 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
     x = jnp.stack([m1, m1 ** 2, v1, prev_step.astype(dtype), count])
     target = state.obs_y[..., M]
     w = pair.astype(dtype)
-    total = jnp.maximum(w.sum(), 1.0)
-    mean = (w * x).sum((1, 2)) / total
-    std = jnp.sqrt((w * (x - mean[:, None, None]) ** 2).sum((1, 2)) / total)
-    # A constant column (max == min over the transitions) standardises to exactly 0; testing
-    # std == 0 instead would turn rounding noise in the mean into +-1 values.
-    inf = jnp.asarray(jnp.inf, dtype)
-    col_max = jnp.max(jnp.where(pair, x, -inf), axis=(1, 2))
-    col_min = jnp.min(jnp.where(pair, x, inf), axis=(1, 2))
-    constant = (col_max <= col_min)[:, None, None]
-    xs = jnp.where(constant, 0.0, (x - mean[:, None, None]) / jnp.where(constant, 1.0, std[:, None, None]))
-    ybar = (w * target).sum() / total
-    yc = target - ybar
     env_o = env_index[node].reshape(-1)                                     # [S B]
-
-    # Ridge on [xs, onehot(env)] with penalty lam on every coefficient, solved through the Schur
-    # complement of the (diagonal) environment block: O(transitions + E) instead of O(E^3).
     lam = config.ridge_lambda
-    wxs = (w * xs).reshape(5, -1)                                           # [5, S B]
-    a11 = wxs @ xs.reshape(5, -1).T + lam * jnp.eye(5, dtype=dtype)
-    s_e = jax.ops.segment_sum(wxs.T, env_o, num_envs)                       # [E, 5]
-    n_e = jax.ops.segment_sum(w.reshape(-1), env_o, num_envs)               # [E]
-    b1 = wxs @ yc.reshape(-1)
-    wyc = (w * yc).reshape(-1)
-    b2 = jax.ops.segment_sum(wyc, env_o, num_envs)
-    inv = 1.0 / (n_e + lam)
-    schur = a11 - (s_e * inv[:, None]).T @ s_e
-    beta = _spd_solve(schur, b1 - s_e.T @ (b2 * inv))
-    gamma = (b2 - s_e @ beta) * inv
-    resid = jnp.where(pair, yc - jnp.tensordot(beta, xs, axes=1) - gamma[env_o].reshape(yc.shape), 0.0)
 
-    n_i = _node_sum(pair.astype(jnp.int32), state.obs_node, n)
+    if config.progress_fit == "earlier_steps":
+        resid, scored = _earlier_steps_residuals(x, target, pair, w, slot_ok, state.step_ids, env_o, num_envs, lam)
+    else:
+        total = jnp.maximum(w.sum(), 1.0)
+        mean = (w * x).sum((1, 2)) / total
+        std = jnp.sqrt((w * (x - mean[:, None, None]) ** 2).sum((1, 2)) / total)
+        # A constant column (max == min over the transitions) standardises to exactly 0; testing
+        # std == 0 instead would turn rounding noise in the mean into +-1 values.
+        inf = jnp.asarray(jnp.inf, dtype)
+        col_max = jnp.max(jnp.where(pair, x, -inf), axis=(1, 2))
+        col_min = jnp.min(jnp.where(pair, x, inf), axis=(1, 2))
+        constant = (col_max <= col_min)[:, None, None]
+        xs = jnp.where(constant, 0.0, (x - mean[:, None, None]) / jnp.where(constant, 1.0, std[:, None, None]))
+        yc = target - (w * target).sum() / total
+        wxs = (w * xs).reshape(5, -1)                                       # [5, S B]
+        beta, gamma = _ridge_solve(
+            wxs @ xs.reshape(5, -1).T + lam * jnp.eye(5, dtype=dtype),
+            jax.ops.segment_sum(wxs.T, env_o, num_envs), jax.ops.segment_sum(w.reshape(-1), env_o, num_envs),
+            wxs @ yc.reshape(-1), jax.ops.segment_sum((w * yc).reshape(-1), env_o, num_envs), lam)
+        resid = jnp.where(pair, yc - jnp.tensordot(beta, xs, axes=1) - gamma[env_o].reshape(yc.shape), 0.0)
+        scored = pair & (pair.sum() >= 2)   # no fit on fewer than two transitions
+
+    n_i = _node_sum(scored.astype(jnp.int32), state.obs_node, n)
     rbar = _node_sum(resid, state.obs_node, n) / jnp.maximum(n_i, 1)
     r_env = jax.ops.segment_sum(resid.reshape(-1), env_o, num_envs) / jnp.maximum(
-        jax.ops.segment_sum(pair.reshape(-1).astype(jnp.int32), env_o, num_envs), 1)
+        jax.ops.segment_sum(scored.reshape(-1).astype(jnp.int32), env_o, num_envs), 1)
     nbrs = {"both": jnp.concatenate([state.nbr_in, state.nbr_cross], axis=1), "within": state.nbr_in,
             "cross": state.nbr_cross}[config.relations]
     nb_ok = (nbrs >= 0) & (n_i[jnp.maximum(nbrs, 0)] > 0)
@@ -351,7 +424,10 @@ def progress_filter(state: EnvSchedState, env_index: jax.Array, num_envs: int, c
             / jnp.maximum(nb_ok.sum(1), 1))
     prior = 0.5 * r_env[env_index] + 0.5 * r_nb
     est = (n_i * rbar + config.lambda_s * prior) / (n_i + config.lambda_s)
-    est = jnp.where(pair.sum() >= 2, est, 0.0)  # no fit on fewer than two transitions
+    if config.progress_fit == "in_sample":
+        # today's rule, kept exactly: without a fit every estimate is 0, but n counts transitions
+        n_i = _node_sum(pair.astype(jnp.int32), state.obs_node, n)
+        est = jnp.where(pair.sum() >= 2, est, 0.0)
     return Progress(n_i, est, (n_i >= config.progress_min_transitions) & (est <= 0))
 
 
