@@ -466,6 +466,7 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
     window_env = state.env_recent.sum(axis=0)                          # steps t-1 and t-2
     env_total_i = state.env_total[env_index]
     big = jnp.iinfo(jnp.int32).max
+    ids = jnp.arange(n, dtype=jnp.int32)
 
     def pick(k, carry):
         batch, phase, relaxed, feasible, in_batch, env_count, penalty = carry
@@ -501,7 +502,7 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
                 phase.at[k].set(jnp.where(coverage, 1, 2)),
                 relaxed.at[k].set(level.astype(jnp.int32)),
                 feasible.at[k].set(ok),
-                in_batch.at[i].set(in_batch[i] | ok),
+                in_batch | ((ids == i) & ok),   # elementwise: no gather of in_batch[i] across shards
                 env_count.at[e].add(ok.astype(jnp.int32)),
                 jnp.where(ok, jnp.maximum(penalty, config.lambda_sim * s_full[i].astype(dtype)), penalty))
 

@@ -40,9 +40,9 @@ calibration's ``2 (a + b) N`` denominator to count only real nodes, with padding
 last.
 
 What does not shard: the B greedy picks are sequential (each is a per-shard max plus a
-cross-device reduction, three scalar all-reduces for the eligibility test and the coverage keys,
-and an all-gather of the [N] in-batch mask that the kernel's dynamic read ``in_batch[i]`` causes;
-the chosen row of S_full is read locally); the ranks and the quantile map sort
+cross-device reduction and three scalar all-reduces for the eligibility test and the coverage
+keys; the in-batch mask is updated elementwise (``in_batch | (ids == i)``), so it is not gathered,
+and the chosen row of S_full is read locally); the ranks and the quantile map sort
 the whole [N] vector (the partitioner gathers it: O(N) traffic, O(N log N) work per device); the
 neighbour-list gathers (``W[j]``, ``ybar[j]`` for j in a node's neighbours) read arbitrary nodes
 and gather the [N]-sized vectors they index; the history ring and the progress filter's fits are
