@@ -8,10 +8,15 @@ for the mean reward variance of the selected tasks, environments per batch and t
 score, and whether each conclusion ("EnvSched selects higher-variance tasks", "covers more
 environments", "reaches a higher held-out score") keeps its direction.
 
+Every setting runs in one program per scheduler: Random as ``random_runs`` and EnvSched as
+``envsched_runs`` (a ``lax.scan`` over the steps for each run, mapped over settings x seeds, the
+TestbedParams of the settings stacked), which select exactly the batches ``run_scheduler``
+selects (``--vectorize``: EnvSched's runs vmapped instead, batched: see ``envsched_runs``).
+
 Writes RUN/sensitivity.csv.
 
 Usage:
-    python experiments/sensitivity.py                     # 15 settings x 2 schedulers x 2 seeds x 200 steps (~6 min)
+    python experiments/sensitivity.py                     # 15 settings x 2 schedulers x 2 seeds x 200 steps
     python experiments/sensitivity.py --params lr_env rollout_noise --seeds 0 1 2
 """
 
@@ -27,7 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from envsched_jax.sim import testbed as tb
-from envsched_jax.sim.runner import SetupConfig, make_setup, run_scheduler
+from envsched_jax.sched import EnvSchedConfig
+from envsched_jax.sim.runner import SetupConfig, envsched_runs, make_setup, random_runs, stack_params
 
 SCALES = {"forget": (0.0, 5.0)}  # multipliers; every other parameter is halved and doubled
 
@@ -39,7 +45,12 @@ class Args:
     """TestbedParams fields to vary one at a time."""
     seeds: tuple[int, ...] = (0, 1)
     steps: int = 200
+    batch_size: int = 64
+    group_size: int = 8
     setup: SetupConfig = SetupConfig()
+    vectorize: bool = False
+    """vmap EnvSched's runs (batched) instead of mapping them one after the other (bit-identical to
+    run_scheduler)."""
     out: Path = Path("runs/sensitivity")
     """Run folder."""
 
@@ -61,18 +72,27 @@ def main(args: Args) -> list[dict]:
     base = tb.TestbedParams()
     rows = []
     with Timer() as timer:
-        for name, mult in settings(args.params):
-            params = base if name == "calibrated" else dataclasses.replace(base, **{name: getattr(base, name) * mult})
-            res = {}
-            for sched in ("random", "envsched"):
-                logs = [run_scheduler(setup, sched, steps=args.steps, seed=s, params=params) for s in args.seeds]
-                res[sched] = {"variance": np.mean([log.realised_variance.mean() for log in logs]),
-                              "environments": np.mean([log.environments.mean() for log in logs]),
-                              "heldout": np.mean([np.nanmax(log.heldout) for log in logs]),
-                              "median_reward": np.median(np.concatenate([log.mean_reward.ravel() for log in logs]))}
+        points = settings(args.params)
+        params = [base if name == "calibrated" else dataclasses.replace(base, **{name: getattr(base, name) * mult})
+                  for name, mult in points]
+        # Random: one scan vmapped over seeds and the stacked settings ([P, seeds, T, B]).
+        rnd = random_runs(setup, stack_params(params), args.seeds, steps=args.steps, batch_size=args.batch_size,
+                          group_size=args.group_size, batched_params=True)
+        # EnvSched (paper defaults): one program for all settings.
+        config = EnvSchedConfig(batch_size=args.batch_size, group_size=args.group_size)
+        env = envsched_runs(setup, config, args.seeds, steps=args.steps, params=params, vectorize=args.vectorize)
+        for k, ((name, mult), p) in enumerate(zip(points, params)):
+            res = {"random": {"variance": rnd["variance"][k].mean(axis=(1, 2)).mean(),
+                              "environments": rnd["environments"][k].mean(),
+                              "heldout": np.nanmax(rnd["heldout"][k], axis=1).mean(),
+                              "median_reward": np.median(rnd["mean_reward"][k])},
+                   "envsched": {"variance": env.realised_variance[k].mean(axis=(1, 2)).mean(),
+                                "environments": env.environments[k].mean(),
+                                "heldout": np.nanmax(env.heldout[k], axis=1).mean(),
+                                "median_reward": np.median(env.mean_reward[k])}}
             row = {"parameter": name, "multiplier": mult,
-                   "value": getattr(params, name) if name != "calibrated" else None,
-                   **{f"{s}_{k}": float(v) for s in res for k, v in res[s].items()},
+                   "value": getattr(p, name) if name != "calibrated" else None,
+                   **{f"{s}_{key}": float(v) for s in res for key, v in res[s].items()},
                    "variance_ratio": res["envsched"]["variance"] / res["random"]["variance"],
                    "environments_ratio": res["envsched"]["environments"] / res["random"]["environments"],
                    "heldout_diff": res["envsched"]["heldout"] - res["random"]["heldout"]}

@@ -129,11 +129,17 @@ environment whose tasks are all excluded has no representative.
 Combined novelty of i given the batch: 0.5 (1 - max_{j in batch} S_full[i, j])
 + 0.5 (1 - max_{j in batch, env(j) = env(i)} S_full[i, j]), each max taken as 0 when empty.
 If E <= B: the batch starts with all representatives (in environment order); else representatives
-are added greedily by argmax combined novelty (ties -> lower index) until B.
+are added greedily by argmax combined novelty until B, ties -> lower node index (not the first
+environment: the first such pick is always a tie, every novelty being 1 on an empty batch, and goes
+to the lowest-index representative).
 Remaining slots: greedy argmax combined novelty over nodes not in the batch whose environment has
 fewer than 2 nodes in the batch (ties -> lower index). If fewer than B can be placed: the
 infeasible-pick policy applies ("relax" first lifts the two-per-environment cap to C1, then drops
 C1 too, recording "cold_two_per_env" or "cap_step" for the pick).
+CHOICE (numerics): both comparisons are exact (`sched/cold_start.py`, one jitted kernel): a
+representative's mean through exact fixed-point sums of its similarities, the novelty through the
+error-free pair (fl(g + w), rounding error) of g + w, where g, w are the two maxima; so
+mathematically equal values tie and the lower index wins, as in the NumPy reference's float64.
 
 ## State after observe(t)
 selection count c_i += 1 for each picked node; env cumulative selections += count; run_i = run_i + 1

@@ -22,6 +22,7 @@ from envsched_jax.sched.base import (
     SchedulingError,
     register_scheduler,
 )
+from envsched_jax.sched.cold_start import cold_start_batch
 from envsched_jax.sched.config import EnvSchedConfig, KernelConfig
 from envsched_jax.sched.feasibility import batch_feasibility, eligible_tasks_per_environment, explain_infeasible_pick
 
@@ -51,69 +52,6 @@ def _observe_update(state, batch, rewards, s_full, s_abs_rows, env_index, *, con
     TRACES["observe"] += 1
     s_full_rows = s_full[jnp.maximum(batch, 0)]
     return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config)
-
-
-def cold_start(s_full: np.ndarray, env_index: np.ndarray, batch_size: int, excluded: np.ndarray,
-               relax: bool, cap_step: int) -> tuple[np.ndarray, list[str]]:
-    """Step-0 batch from static structure only (see the package docstring): one representative
-    per environment (highest mean within-environment S_full), then combined global and
-    within-environment novelty, at most two per environment. Returns the batch and, per pick
-    that needed relaxing ("relax" only), the last constraint it dropped."""
-    n = len(env_index)
-    allowed = ~excluded
-    envs = [e for e in np.unique(env_index) if (allowed & (env_index == e)).any()]
-    reps = []
-    for e in envs:
-        # The mean runs over every member (excluded ones too); the argmax over allowed members.
-        members = np.flatnonzero(env_index == e)
-        if len(members) == 1:
-            reps.append(int(members[0]))
-            continue
-        block = s_full[np.ix_(members, members)].astype(np.float64)
-        mean_other = (block.sum(axis=1) - np.diag(block)) / (len(members) - 1)
-        reps.append(int(members[int(np.argmax(np.where(allowed[members], mean_other, -np.inf)))]))
-    batch: list[int] = []
-    glob = np.zeros(n)     # max similarity to the batch
-    within = np.zeros(n)   # max similarity to same-environment batch members
-    count = np.zeros(int(env_index.max()) + 1, np.int64)
-
-    def add(i: int) -> None:
-        batch.append(i)
-        row = s_full[i].astype(np.float64)
-        np.maximum(glob, row, out=glob)
-        np.maximum(within, np.where(env_index == env_index[i], row, 0.0), out=within)
-        count[env_index[i]] += 1
-
-    def novelty() -> np.ndarray:
-        return 0.5 * (1.0 - glob) + 0.5 * (1.0 - within)
-
-    if len(reps) <= batch_size:
-        for i in reps:
-            add(i)
-    else:
-        reps_arr = np.array(reps)
-        while len(batch) < batch_size:
-            taken = np.isin(reps_arr, batch)
-            score = np.where(taken, -np.inf, novelty()[reps_arr])
-            add(int(reps_arr[int(np.argmax(score))]))
-    relaxations = []
-    while len(batch) < batch_size:
-        free = allowed.copy()
-        free[batch] = False
-        # "relax" first lifts the two-per-environment cap to C1, then drops C1 as well.
-        levels = [(free & (count[env_index] < 2), []),
-                  (free & (count[env_index] < cap_step), ["cold_two_per_env"]),
-                  (free, ["cold_two_per_env", "cap_step"])]
-        eligible, relaxed = next(((m, r) for m, r in levels if m.any()), (None, None))
-        if eligible is None or (relaxed and not relax):
-            raise SchedulingError(
-                f"cold start: only {len(batch)} of {batch_size} slots can be filled with at most two "
-                f"tasks per environment ({len(envs)} environments); use a smaller batch_size or "
-                "infeasible='relax'")
-        if relaxed:   # the last constraint this pick dropped (the ones before it went too)
-            relaxations.append(relaxed[-1])
-        add(int(np.argmax(np.where(eligible, novelty(), -np.inf))))
-    return np.array(batch, np.int64), relaxations
 
 
 @register_scheduler("envsched")
@@ -191,9 +129,9 @@ class EnvSched(Scheduler):
                                                  p=jnp.asarray(allowed / allowed.sum())))
             return nodes, ["cold"] * len(nodes), None, {}
         if step == 0:
-            nodes, relax = cold_start(np.asarray(self._s_full), np.asarray(self.graph.env_index),
-                                      self.batch_size, np.asarray(self.state.excluded),
-                                      self.config.infeasible == "relax", self.config.cap_step)
+            nodes, relax = cold_start_batch(self._s_full, self.graph.env_index, self.state.excluded,
+                                            self._hyper.cap_step, batch_size=self.batch_size,
+                                            relax=self.config.infeasible == "relax", num_envs=self._num_envs)
             return nodes, ["cold"] * len(nodes), None, self._relaxation_summary(step, relax)
         scores, progress, sel, predicted = self._step_fn(self.state, self._hyper, self._s_full, self._env)
         # One transfer for everything the host needs.
