@@ -506,7 +506,7 @@ class VectorizedEnvSched:
             for i in reps:
                 add(i)
         else:
-            reps_arr = np.array(reps)
+            reps_arr = np.array(sorted(reps))   # ascending node index: ties -> the lower index
             taken = np.zeros(len(reps), bool)
             while len(batch) < B:
                 novelty = 0.5 * (1.0 - glob[reps_arr]) + 0.5 * (1.0 - within[reps_arr])

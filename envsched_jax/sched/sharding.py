@@ -46,8 +46,9 @@ and the chosen row of S_full is read locally); the ranks and the quantile map so
 the whole [N] vector (the partitioner gathers it: O(N) traffic, O(N log N) work per device); the
 neighbour-list gathers (``W[j]``, ``ybar[j]`` for j in a node's neighbours) read arbitrary nodes
 and gather the [N]-sized vectors they index; the history ring and the progress filter's fits are
-O(S B + S E) and replicated. The step-0 cold start is host NumPy over the whole S_full (it
-fetches the matrix once). Nothing ever gathers an [N, N] array: :func:`compiled_collectives`
+O(S B + S E) and replicated. The step-0 cold start is its own jitted kernel
+(:mod:`envsched_jax.sched.cold_start`); it is not sharded: it reads whole rows of S_full once,
+at step 0 only. Nothing ever gathers an [N, N] array: :func:`compiled_collectives`
 lists the collectives of both compiled programs and ``tests/test_sharding.py`` checks that none
 of them returns N^2 / D elements or more per device (the all-to-all that row-sharded S_full
 caused returned exactly that many, so the check catches it).
