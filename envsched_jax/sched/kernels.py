@@ -463,53 +463,62 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
     # monotone, so the max of rounded products is the rounded product of the max): both reach the
     # subtraction as stored values, with no multiplication left to contract.
     gain = q * omega
-    window_env = state.env_recent.sum(axis=0)                          # steps t-1 and t-2
+    # Loop invariants are computed once here (XLA does not hoist them out of the loop).
+    window_i = state.env_recent.sum(axis=0)[env_index]                # steps t-1 and t-2
     env_total_i = state.env_total[env_index]
+    allowed = ~state.excluded
+    run_ok = state.run < config.cap_consecutive
+    prog_ok = ~prog_excluded
     big = jnp.iinfo(jnp.int32).max
     ids = jnp.arange(n, dtype=jnp.int32)
 
-    def pick(k, carry):
-        batch, phase, relaxed, feasible, in_batch, env_count, penalty = carry
-        coverage = k < b_cov
-        cnt = env_count[env_index]
-        base = ~in_batch & ~state.excluded
-        caps = (cnt < config.cap_step, window_env[env_index] + cnt < config.cap_window,
-                state.run < config.cap_consecutive, coverage | ~prog_excluded)
-        if config.infeasible == "relax":   # static choice: the first level with a candidate
-            levels = jnp.stack([base & caps[0] & caps[1] & caps[2] & caps[3],
-                                base & caps[0] & caps[1] & caps[2],
-                                base & caps[0] & caps[1],
-                                base & caps[0],
-                                base])
-            level = jnp.argmax(levels.any(axis=1))
-            eligible = levels[level]
-        else:                              # "error": never relax; the caller raises
-            level = jnp.zeros((), jnp.int32)
-            eligible = base & caps[0] & caps[1] & caps[2] & caps[3]
-        ok = eligible.any()
+    def eligible_at(in_batch, cnt, coverage: bool):
+        """The candidates of a pick and its relaxation level (0: none relaxed)."""
+        base = ~in_batch & allowed
+        caps = (cnt < config.cap_step, window_i + cnt < config.cap_window, run_ok)
+        full = base & caps[0] & caps[1] & caps[2]
+        if not coverage:   # the progress filter binds exploitation picks only
+            full = full & prog_ok
+        if config.infeasible != "relax":   # "error": never relax; the caller raises
+            return full, jnp.zeros((), jnp.int32)
 
-        # Coverage: lexicographic restriction (batch env count, env exposure, node observations).
-        def restrict(mask, key):
-            kmin = jnp.min(jnp.where(mask, key, big))
-            return mask & (key == kmin)
+        def relaxed_levels():  # the first level with a candidate (rarely needed: a cond)
+            levels = jnp.stack([full, base & caps[0] & caps[1] & caps[2], base & caps[0] & caps[1],
+                                base & caps[0], base])
+            level = jnp.argmax(levels.any(axis=1)).astype(jnp.int32)
+            return levels[level], level
 
-        cov_mask = restrict(restrict(restrict(eligible, cnt), env_total_i), state.num_obs)
-        mask = jnp.where(coverage, cov_mask, eligible)
-        score = jnp.where(coverage, q, gain) - penalty
-        i = jnp.argmax(jnp.where(mask, score, -jnp.inf)).astype(jnp.int32)
-        e = env_index[i]
-        return (batch.at[k].set(jnp.where(ok, i, -1)),
-                phase.at[k].set(jnp.where(coverage, 1, 2)),
-                relaxed.at[k].set(level.astype(jnp.int32)),
-                feasible.at[k].set(ok),
-                in_batch | ((ids == i) & ok),   # elementwise: no gather of in_batch[i] across shards
-                env_count.at[e].add(ok.astype(jnp.int32)),
-                jnp.where(ok, jnp.maximum(penalty, config.lambda_sim * s_full[i].astype(dtype)), penalty))
+        return jax.lax.cond(full.any(), lambda: (full, jnp.zeros((), jnp.int32)), relaxed_levels)
 
-    init = (jnp.full((B,), -1, jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32),
-            jnp.zeros((B,), bool), jnp.zeros((n,), bool), jnp.zeros_like(state.env_total),
-            jnp.zeros((n,), dtype))
-    batch, phase, relaxed, feasible, *_ = jax.lax.fori_loop(0, B, pick, init)
+    def restrict(mask, key):
+        kmin = jnp.min(jnp.where(mask, key, big))
+        return mask & (key == kmin)
+
+    def pick(coverage: bool):
+        def body(k, carry):
+            batch, phase, relaxed, feasible, in_batch, cnt, penalty = carry
+            eligible, level = eligible_at(in_batch, cnt, coverage)
+            ok = eligible.any()
+            if coverage:   # lexicographic restriction (batch env count, env exposure, node observations)
+                mask, score = restrict(restrict(restrict(eligible, cnt), env_total_i), state.num_obs), q - penalty
+            else:
+                mask, score = eligible, gain - penalty
+            i = jnp.argmax(jnp.where(mask, score, -jnp.inf)).astype(jnp.int32)
+            e = env_index[i]
+            return (batch.at[k].set(jnp.where(ok, i, -1)),
+                    phase.at[k].set(1 if coverage else 2),
+                    relaxed.at[k].set(level),
+                    feasible.at[k].set(ok),
+                    in_batch | ((ids == i) & ok),   # elementwise: no gather of in_batch[i] across shards
+                    cnt + ((env_index == e) & ok).astype(jnp.int32),   # picks of each node's environment
+                    jnp.where(ok, jnp.maximum(penalty, config.lambda_sim * s_full[i].astype(dtype)), penalty))
+        return body
+
+    carry = (jnp.full((B,), -1, jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32),
+             jnp.zeros((B,), bool), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32), jnp.zeros((n,), dtype))
+    # Coverage picks, then exploitation picks: two loops, so neither evaluates the other's rule.
+    carry = jax.lax.fori_loop(0, b_cov, pick(True), carry)
+    batch, phase, relaxed, feasible, *_ = jax.lax.fori_loop(b_cov, B, pick(False), carry)
     return Selection(batch, phase, relaxed, feasible)
 
 
