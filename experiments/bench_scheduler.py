@@ -216,7 +216,7 @@ def _envsched_overhead(sched, config, rng, args: Args) -> dict:
         nodes = np.sort(np.array([sched._index[i] for i in ids]))
         row = {n: k for k, n in enumerate(sched._index[i] for i in ids)}
         args_k = (state, nodes.astype(np.int32), rewards[[row[n] for n in nodes]].astype(config.dtype),
-                  sched._s_full, np.asarray(sched._s_abs[nodes]), sched._env)
+                  sched._s_full, np.asarray(sched._s_abs[nodes]), sched._env, sched._env_members)
         t0 = time.perf_counter()
         jax.block_until_ready(sched._observe_fn(*args_k))
         observe_k.append(time.perf_counter() - t0)

@@ -55,7 +55,7 @@ class JaxDetails:
         rows = np.maximum(nodes, 0)
         s.state = envsched_module._observe_update(
             s.state, jnp.asarray(nodes, jnp.int32), jnp.asarray(rewards), s._s_full,
-            jnp.asarray(np.asarray(s._s_abs)[rows]), s._env, config=s.config.static())
+            jnp.asarray(np.asarray(s._s_abs)[rows]), s._env, s._env_members, config=s.config.static())
 
     def details(self, t):
         s = self.sched
@@ -417,3 +417,79 @@ def test_one_neighbour_rows_weigh_their_neighbour_exactly_alike(jit):
     assert np.unique(g[:, 0]).size == 1
     a = np.exp(-0.5) * 0.7
     np.testing.assert_allclose(g[0, 0], a * 0.3 / (a + 2.0), rtol=1e-15)
+
+
+def test_env_member_table_lists_each_environment_in_ascending_order():
+    env_index = np.array([2, 0, 2, 1, 0, 2], np.int32)
+    table = K.env_member_table(env_index, 4)
+    np.testing.assert_array_equal(table, [[1, 4, -1], [3, -1, -1], [0, 2, 5], [-1, -1, -1]])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_within_lists_updated_on_environment_rows_equal_the_full_pass(seed):
+    """Observing with the environment member table (the scheduler's path) leaves exactly the
+    neighbour lists (and every other state field) of the pass over all N rows, step by step,
+    with unequal environment sizes, padding in the batch and repeated observations."""
+    rng = np.random.default_rng(seed)
+    graph = random_graph(rng, num_envs=6, per_env=7, dtype=np.float32)
+    keep = np.flatnonzero(~((graph.env_index == 2) & (np.arange(graph.num_nodes) % 7 >= 3)))  # env 2 smaller
+    graph = graph_from_matrices(graph.s_full[np.ix_(keep, keep)], graph.s_abs[np.ix_(keep, keep)],
+                                graph.env_index[keep])
+    config = EnvSchedConfig(batch_size=8, group_size=4, step_capacity=16)
+    static = config.static()
+    n = graph.num_nodes
+    members = jnp.asarray(K.env_member_table(graph.env_index, len(graph.env_ids)))
+    env = jnp.asarray(graph.env_index)
+    s_full, s_abs = jnp.asarray(graph.s_full), jnp.asarray(graph.s_abs)
+    full = local = K.init_state(n, len(graph.env_ids), static, jax.random.PRNGKey(0))
+    observe = jax.jit(K.observe_update, static_argnames=("config",))
+    for t in range(12):
+        size = int(rng.integers(3, 9))
+        batch = np.full(8, -1, np.int32)
+        batch[:size] = np.sort(rng.choice(n, size, replace=False))
+        rows = np.maximum(batch, 0)
+        rewards = jnp.asarray(reward_groups(rng, 8, 4), jnp.float32)
+        args = (batch, rewards, s_full[rows], s_abs[rows], env)
+        full = observe(full, *args, config=static)
+        local = observe(local, *args, config=static, env_members=members)
+        for name in ("nbr_in", "nbr_in_sim", "nbr_cross", "nbr_cross_sim", "num_obs", "obs_node"):
+            np.testing.assert_array_equal(np.asarray(getattr(local, name)), np.asarray(getattr(full, name)),
+                                          err_msg=f"step {t}: {name}")
+    assert (np.asarray(full.nbr_in) >= 0).sum() > n   # the lists really filled up
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_insert_candidates_on_changed_rows_equals_the_plain_pass(monkeypatch, seed):
+    """The compacted update of cross-environment lists (pools above 4 x _COMPACT_ROWS; here the
+    threshold is lowered to 8 rows so that a 100-node case takes it, in many chunks) leaves the
+    lists that inserting every candidate into every row leaves: full and partly filled lists,
+    tied similarities (ties -> lower index), candidates a row may not take."""
+    rng = np.random.default_rng(seed)
+    n, k, c = 100, 5, 12
+
+    def plain(nbr, sim, cand, cand_sim, ok, order, count):
+        for j in range(count):
+            b = int(order[j])
+            nbr, sim = K._insert(nbr, sim, cand[b], cand_sim[b], ok[b])
+        return nbr, sim
+
+    # Lists from a first round of random candidates (some rows stay short).
+    nbr = jnp.full((n, k), -1, jnp.int32)
+    sim = jnp.zeros((n, k), jnp.float32)
+    first = rng.choice(n, 6, replace=False)
+    for cand in first:
+        row_ok = jnp.asarray(rng.random(n) < 0.6)
+        nbr, sim = K._insert(nbr, sim, int(cand), jnp.asarray(np.round(rng.random(n), 1), jnp.float32), row_ok)
+    cand = np.sort(rng.choice(np.setdiff1d(np.arange(n), first), c, replace=False)).astype(np.int32)
+    cand_sim = jnp.asarray(np.round(rng.random((c, n)), 1), jnp.float32)     # coarse: many ties
+    ok = jnp.asarray(rng.random((c, n)) < 0.8)
+    order = jnp.asarray(rng.permutation(c).astype(np.int32))
+    count = 9
+    want = plain(nbr, sim, jnp.asarray(cand), cand_sim, ok, order, count)
+    monkeypatch.setattr(K, "_COMPACT_ROWS", 8)
+    got = jax.jit(lambda *a: K._insert_candidates(*a))(nbr, sim, jnp.asarray(cand), cand_sim, ok, order,
+                                                         jnp.asarray(count))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    assert not np.array_equal(np.asarray(want[0]), np.asarray(nbr))   # the candidates changed lists
+    assert ((np.asarray(nbr) < 0).any(axis=1)).sum() > 20              # many rows had room

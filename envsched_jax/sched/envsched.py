@@ -46,12 +46,13 @@ def _score_and_select(state, hyper, s_full, env_index, *, static, num_envs):
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _observe_update(state, batch, rewards, s_full, s_abs_rows, env_index, *, config):
-    """``batch``: ascending node indices (-1 padding allowed); ``s_abs_rows``: their S_abs rows.
-    ``config``: the static config (observing reads no hyper-parameter)."""
+def _observe_update(state, batch, rewards, s_full, s_abs_rows, env_index, env_members, *, config):
+    """``batch``: ascending node indices (-1 padding allowed); ``s_abs_rows``: their S_abs rows;
+    ``env_members``: :func:`.kernels.env_member_table`. ``config``: the static config (observing
+    reads no hyper-parameter)."""
     TRACES["observe"] += 1
     s_full_rows = s_full[jnp.maximum(batch, 0)]
-    return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config)
+    return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config, env_members)
 
 
 @register_scheduler("envsched")
@@ -93,6 +94,7 @@ class EnvSched(Scheduler):
         self._s_abs = graph.s_abs
         self._env = jnp.asarray(graph.env_index, jnp.int32)
         self._num_envs = len(graph.env_ids)
+        self._env_members = jnp.asarray(K.env_member_table(graph.env_index, self._num_envs))
         excluded = list(excluded)   # iterated twice below
         unknown = [t for t in excluded if t not in self._index]
         if unknown:
@@ -169,7 +171,7 @@ class EnvSched(Scheduler):
         s_abs_rows = np.asarray(self._s_abs[sorted_nodes])   # ascending rows: a cheap mmap read
         self.state = self._observe_fn(self.state, sorted_nodes.astype(np.int32),
                                       rewards[order].astype(self.config.dtype), self._s_full, s_abs_rows,
-                                      self._env)
+                                      self._env, self._env_members)
 
     def _state_arrays(self):
         return {f.name: np.asarray(getattr(self.state, f.name)) for f in dataclasses.fields(self.state)}

@@ -548,14 +548,81 @@ def _insert(nbr: jax.Array, sim: jax.Array, cand: jax.Array, cand_sim: jax.Array
     return jnp.where(take, new_idx, nbr), jnp.where(take, new_sim, sim)
 
 
+_COMPACT_ROWS = 2048
+"""Rows :func:`_insert_candidates` updates per gathered chunk (pools above 4 x this only)."""
+
+
+def _insert_candidates(nbr: jax.Array, sim: jax.Array, cand: jax.Array, cand_sim: jax.Array, ok: jax.Array,
+                       order: jax.Array, count: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Insert candidates ``cand[order[:count]]`` one at a time, in that order, into every row's
+    list (:func:`_insert`), touching only the rows that can change.
+
+    ``cand_sim`` / ``ok`` are [C, N]: each candidate's similarity to every row and whether the
+    row may take it. A row takes a candidate only if its list has room or the candidate precedes
+    its last entry, and inserting raises that bar, so the rows that change at all are those that
+    change against the lists as they were (one [C, N] test). On pools larger than
+    4 x ``_COMPACT_ROWS`` those rows are gathered ``_COMPACT_ROWS`` at a time, every candidate is
+    inserted into the gathered rows, and they are scattered back: once the lists are full that is
+    a small fraction of N. Rows update independently, so the result is the plain pass's (tested);
+    smaller pools take the plain pass."""
+    n, k = nbr.shape
+
+    def insert_into(nbr, sim, rows_sim, rows_ok):
+        def one(j, lists):
+            c = order[j]
+            return _insert(lists[0], lists[1], cand[c], rows_sim[c], rows_ok[c])
+        return jax.lax.fori_loop(0, count, one, (nbr, sim))
+
+    if k == 0:
+        return nbr, sim
+    if n <= 4 * _COMPACT_ROWS:
+        return insert_into(nbr, sim, cand_sim, ok)
+    last_idx, last_sim = nbr[None, :, -1], sim[None, :, -1]
+    in_play = jnp.zeros((cand.shape[0],), bool).at[order].set(jnp.arange(order.shape[0]) < count)[:, None]
+    change = in_play & ok & ((last_idx < 0) | (cand_sim > last_sim)
+                             | ((cand_sim == last_sim) & (cand[:, None] < last_idx)))
+    pending = change.any(axis=0)                          # [N]
+
+    def chunk(carry):
+        nbr, sim, pending = carry
+        rows = jnp.nonzero(pending, size=_COMPACT_ROWS, fill_value=n)[0]
+        safe = jnp.minimum(rows, n - 1)
+        real = rows < n
+        sub_idx, sub_sim = insert_into(nbr[safe], sim[safe], cand_sim[:, safe], ok[:, safe] & real[None, :])
+        return (nbr.at[rows].set(sub_idx, mode="drop", unique_indices=True),
+                sim.at[rows].set(sub_sim, mode="drop", unique_indices=True),
+                pending.at[rows].set(False, mode="drop", unique_indices=True))
+
+    nbr, sim, _ = jax.lax.while_loop(lambda carry: carry[2].any(), chunk, (nbr, sim, pending))
+    return nbr, sim
+
+
+def env_member_table(env_index, num_envs: int):
+    """[E, M] int32 NumPy table of each environment's nodes in ascending order, padded with -1
+    (M = the largest environment): lets the observation update touch only the rows of a new
+    node's own environment when it updates within-environment neighbour lists."""
+    import numpy as np
+
+    env_index = np.asarray(env_index)
+    counts = np.bincount(env_index, minlength=num_envs)
+    table = np.full((num_envs, max(int(counts.max(initial=0)), 1)), -1, np.int32)
+    order = np.argsort(env_index, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    table[env_index[order], np.arange(len(order)) - starts[env_index[order]]] = order
+    return table
+
+
 def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s_full_rows: jax.Array,
-                   s_abs_rows: jax.Array, env_index: jax.Array, config) -> EnvSchedState:
+                   s_abs_rows: jax.Array, env_index: jax.Array, config,
+                   env_members: jax.Array | None = None) -> EnvSchedState:
     """Record step ``state.step``'s observed groups and advance to the next step.
 
     ``batch`` [B] holds ascending node indices, optionally followed by -1 padding (rows that are
     ignored; the scheduler always passes a full batch, tests pass smaller ones). ``s_full_rows`` /
     ``s_abs_rows`` are the [B, N] similarity rows of the batch (the matrices are symmetric, so they
-    are also its columns), gathered by the caller."""
+    are also its columns), gathered by the caller. ``env_members`` (:func:`env_member_table`, optional):
+    with it, a new node's insertion into within-environment lists reads and writes only its
+    environment's rows (O(M K) instead of O(N K); the same lists either way, tested)."""
     dtype = state.obs_y.dtype
     t = state.step
     n = state.num_obs.shape[0]
@@ -577,25 +644,35 @@ def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s
         last_pos=state.last_pos.at[drop].set(positions, mode="drop"))
 
     # Nodes observed for the first time join every other node's neighbour candidates. They are
-    # inserted one at a time (a loop over the step's new nodes only, usually far fewer than B);
-    # each insertion is one vectorised pass over the [N, K] lists.
+    # inserted one at a time (a loop over the step's new nodes only, usually far fewer than B):
+    # into the within-environment lists of their own environment's rows (with ``env_members``) or
+    # of all N rows, and into the cross-environment lists of the rows that can change
+    # (:func:`_insert_candidates`).
     new = valid & (num_obs_b == 0)                                               # [B]
     num_obs = state.num_obs.at[drop].add(1, mode="drop")
     env_b = jnp.where(valid, env_index[node], -1)
     first = jnp.argsort(~new, stable=True)                                       # new nodes first
+    num_new = new.sum()
     ids = jnp.arange(n)
 
-    def add(k, lists):
-        nbr_in, nbr_in_sim, nbr_cross, nbr_cross_sim = lists
+    def add_within(k, lists):
+        nbr_in, nbr_in_sim = lists
         b = first[k]
         c, e = batch[b], env_b[b]
-        same = env_index == e
-        nbr_in, nbr_in_sim = _insert(nbr_in, nbr_in_sim, c, s_full_rows[b].astype(dtype), same & (ids != c))
-        nbr_cross, nbr_cross_sim = _insert(nbr_cross, nbr_cross_sim, c, s_abs_rows[b].astype(dtype), ~same)
-        return nbr_in, nbr_in_sim, nbr_cross, nbr_cross_sim
+        if env_members is None:
+            return _insert(nbr_in, nbr_in_sim, c, s_full_rows[b].astype(dtype), (env_index == e) & (ids != c))
+        rows = env_members[e]                                      # [M], -1 padded
+        safe = jnp.maximum(rows, 0)
+        sub_idx, sub_sim = _insert(nbr_in[safe], nbr_in_sim[safe], c, s_full_rows[b][safe].astype(dtype),
+                                   (rows >= 0) & (rows != c))
+        target = jnp.where(rows >= 0, rows, n)                     # padding: dropped
+        return (nbr_in.at[target].set(sub_idx, mode="drop", unique_indices=True),
+                nbr_in_sim.at[target].set(sub_sim, mode="drop", unique_indices=True))
 
-    nbr_in, nbr_in_sim, nbr_cross, nbr_cross_sim = jax.lax.fori_loop(
-        0, new.sum(), add, (state.nbr_in, state.nbr_in_sim, state.nbr_cross, state.nbr_cross_sim))
+    nbr_in, nbr_in_sim = jax.lax.fori_loop(0, num_new, add_within, (state.nbr_in, state.nbr_in_sim))
+    cross_ok = new[:, None] & (env_b[:, None] != env_index[None, :])             # [B, N]
+    nbr_cross, nbr_cross_sim = _insert_candidates(state.nbr_cross, state.nbr_cross_sim, batch,
+                                                  s_abs_rows.astype(dtype), cross_ok, first, num_new)
 
     picked = jnp.zeros((n,), bool).at[drop].set(True, mode="drop")
     env_now = jax.ops.segment_sum(valid.astype(jnp.int32), jnp.maximum(env_b, 0), state.env_total.shape[0])

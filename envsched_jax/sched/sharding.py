@@ -153,6 +153,7 @@ def shard_scheduler(sched: EnvSched, mesh: Mesh, axis: str = "nodes") -> EnvSche
     sched.state = jax.device_put(sched.state, sh.state)
     sched._s_full = jax.device_put(sched._s_full, sh.columns)
     sched._env = jax.device_put(sched._env, sh.node)
+    sched._env_members = jax.device_put(sched._env_members, sh.replicated)
     sched._hyper = jax.device_put(sched._hyper, rep)
     static = sched.config.static()
     # The module's jitted functions, compiled once more for this placement (called inside an outer
@@ -163,7 +164,7 @@ def shard_scheduler(sched: EnvSched, mesh: Mesh, axis: str = "nodes") -> EnvSche
         in_shardings=(sh.state, rep, sh.columns, sh.node))
     sched._observe_fn = jax.jit(
         functools.partial(envsched_module._observe_update, config=static),
-        in_shardings=(sh.state, rep, rep, sh.columns, sh.columns, sh.node), out_shardings=sh.state)
+        in_shardings=(sh.state, rep, rep, sh.columns, sh.columns, sh.node, rep), out_shardings=sh.state)
     unsharded_load = sched._load_state_arrays
 
     def load_state_arrays(arrays):
@@ -188,7 +189,7 @@ def compiled_collectives(sched: EnvSched, batch: np.ndarray | None = None) -> di
     select_text = sched._step_fn.lower(sched.state, sched._hyper, sched._s_full, sched._env).compile().as_text()
     observe_text = sched._observe_fn.lower(
         sched.state, batch, np.zeros((B, K), dtype), sched._s_full,
-        np.asarray(sched._s_abs[batch], dtype), sched._env).compile().as_text()
+        np.asarray(sched._s_abs[batch], dtype), sched._env, sched._env_members).compile().as_text()
     return {"score_and_select": hlo_collectives(select_text), "observe": hlo_collectives(observe_text)}
 
 

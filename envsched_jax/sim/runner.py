@@ -280,7 +280,7 @@ def _play(state, testbed, params, key, t, nodes, graph, structure, *, static, nu
     order = jnp.argsort(safe)
     ascending = safe[order]
     state = K.observe_update(state, ascending, rewards[order].astype(jnp.dtype(static.dtype)), s_full[ascending],
-                             s_abs[ascending], env_index, static)
+                             s_abs[ascending], env_index, static, graph["env_members"])
     testbed = tb.learn(structure, testbed, params, safe, rewards)
     present = jnp.zeros((num_envs,), bool).at[env_index[safe]].set(True)
     return state, testbed, {"rewards": rewards, "environments": present.sum(),
@@ -448,6 +448,7 @@ def envsched_runs(setup: Setup, configs, seeds, *, steps: int, params=tb.Testbed
     first infeasible pick raises :class:`~envsched_jax.sched.errors.SchedulingError` here,
     naming the setting, the seed, the step and the pick.
     """
+    from envsched_jax.sched import kernels as K
     from envsched_jax.sched.cold_start import infeasible_message, max_env_size
     from envsched_jax.sched.errors import SchedulerInputError, SchedulingError
 
@@ -487,6 +488,7 @@ def envsched_runs(setup: Setup, configs, seeds, *, steps: int, params=tb.Testbed
         allowed = ~mask
         device_graph = {"s_full": jnp.asarray(graph.s_full, dtype), "s_abs": jnp.asarray(graph.s_abs),
                         "env_index": jnp.asarray(graph.env_index, jnp.int32), "excluded": jnp.asarray(mask),
+                        "env_members": jnp.asarray(K.env_member_table(graph.env_index, num_envs)),
                         "random_p": jnp.asarray(allowed / allowed.sum()),
                         "num_tools": jnp.asarray(num_tools, jnp.int32)}
         runs = [(c, s) for c in members for s in range(num_seeds)]
