@@ -210,9 +210,11 @@ def rollout(structure: TestbedStructure, state: TestbedState, params: TestbedPar
     z = logits(structure, state, params)[nodes]
     k_eps, k_gate, k_checks = jax.random.split(key, 3)
     b = nodes.shape[0]
-    eps = params.rollout_noise * jax.random.normal(k_eps, (b, group_size))
-    u_gate = jax.random.uniform(k_gate, (b, group_size))
-    u_checks = jax.random.uniform(k_checks, (b, group_size, max_checks))
+    # float32 draws whatever jax_enable_x64 says: under x64 the default dtype is float64, whose
+    # draws from the same key are different numbers (not just wider ones).
+    eps = params.rollout_noise * jax.random.normal(k_eps, (b, group_size), jnp.float32)
+    u_gate = jax.random.uniform(k_gate, (b, group_size), jnp.float32)
+    u_checks = jax.random.uniform(k_checks, (b, group_size, max_checks), jnp.float32)
     return _rollout_rewards(z, structure.num_checks[nodes], structure.has_gate[nodes], eps, u_gate,
                             u_checks, params)
 
