@@ -52,9 +52,24 @@ test: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
-# Fast tier: everything not marked slow, on both cores.
+# Fast tier: everything not marked slow, on both cores. Without PYTEST_ARGS the suite runs in two
+# halves (test files a-l, then m-z), each with fresh worker processes: late in a long-lived worker
+# (after about 600 tests in one process) jaxlib's C++ unwinder segfaulted inside libgcc_s in 2 of 2
+# full local runs on 2026-12-04, killing the worker and failing the test it ran (xdist: "node
+# down"); those tests pass in a fresh process. Both halves always run; either failing fails the
+# target. tests/test_makefile.py checks that the two halves cover every test file.
+FAST_TIER := -q -n 2 --dist loadgroup -m "not slow" --durations=25
+FIRST_HALF := tests/test_[a-l]*.py
+SECOND_HALF := tests/test_[m-z]*.py
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=25 $(PYTEST_ARGS)
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/python -m pytest $(FAST_TIER) $(FIRST_HALF); first=$$?; \
+	$(BIN)/python -m pytest $(FAST_TIER) $(SECOND_HALF); second=$$?; \
+	test $$first -eq 0 && test $$second -eq 0
+else
+	$(BIN)/python -m pytest $(FAST_TIER) $(PYTEST_ARGS)
+endif
 
 # Slow tier: large pools, long simulations.
 test-slow: $(STAMP)
