@@ -88,6 +88,18 @@ def _novelty_argmax(mask: jax.Array, glob: jax.Array, within: jax.Array) -> jax.
     return jnp.argmax(keep).astype(jnp.int32)
 
 
+def _is_source(s_full) -> bool:
+    """A similarity source (:mod:`.dense_free`) rather than a dense matrix."""
+    return hasattr(s_full, "block")
+
+
+def _row(s_full, i: jax.Array) -> jax.Array:
+    """``S_full[i, :]`` from a dense matrix or a similarity source."""
+    if _is_source(s_full):
+        return s_full.block(i[None], jnp.arange(s_full.num_nodes, dtype=jnp.int32))[0]
+    return s_full[i]
+
+
 def representatives(s_full: jax.Array, env_index: jax.Array, excluded: jax.Array, *, num_envs: int,
                     max_env_size: int) -> jax.Array:
     """[E] int32: each environment's representative (argmax over its non-excluded tasks of the
@@ -102,7 +114,11 @@ def representatives(s_full: jax.Array, env_index: jax.Array, excluded: jax.Array
     members = jnp.full((num_envs, m), -1, jnp.int32).at[env_sorted, slot].set(order.astype(jnp.int32))
     cols = members[env_index]                                  # [N, M] each node's environment
     valid = (cols >= 0) & (cols != jnp.arange(n)[:, None])
-    block = jnp.take_along_axis(s_full, jnp.maximum(cols, 0), axis=1)
+    if _is_source(s_full):   # each environment's block S[members, members], moved to its members' rows
+        blocks = jax.lax.map(lambda mem: s_full.block(mem, mem), members)            # [E, M, M]
+        block = blocks[env_index, jnp.zeros((n,), jnp.int32).at[order].set(slot)]   # [N, M]
+    else:
+        block = jnp.take_along_axis(s_full, jnp.maximum(cols, 0), axis=1)
     limbs = _fixed_point_sums(block, valid)                    # [N] each
     cand = (members >= 0) & ~excluded[jnp.maximum(members, 0)]  # [E, M]
     low = jnp.iinfo(jnp.int32).min
@@ -123,7 +139,9 @@ def cold_start(s_full: jax.Array, env_index: jax.Array, excluded: jax.Array, cap
     non-excluded nodes whose environment has fewer than two in the batch. With ``relax`` a pick
     without such a node lifts that cap to C1 (``cap_step``, level 1), then drops C1 too (level
     2); without ``relax`` it is infeasible (``feasible`` False, batch entry -1, nothing added).
-    ``max_env_size``: at least the largest environment (:func:`max_env_size`)."""
+    ``max_env_size``: at least the largest environment (:func:`max_env_size`). ``s_full``: the
+    dense matrix, or a similarity source (:mod:`.dense_free`): then the representatives read each
+    environment's block and every pick one row, computed on demand."""
     n = env_index.shape[0]
     B, E = batch_size, num_envs
     env_index = env_index.astype(jnp.int32)
@@ -153,7 +171,7 @@ def cold_start(s_full: jax.Array, env_index: jax.Array, excluded: jax.Array, cap
         i = jnp.where(rep_phase & ~many, rep_list[jnp.minimum(k, E - 1)], best)
         ok = rep_phase | mask.any()
         level = jnp.where(rep_phase, 0, level)
-        row = s_full[i].astype(dtype)
+        row = _row(s_full, i).astype(dtype)
         same = env_index == env_index[i]
         return (batch.at[k].set(jnp.where(ok, i, -1)), relaxed.at[k].set(level), feasible.at[k].set(ok),
                 in_batch.at[i].set(in_batch[i] | ok),
@@ -186,7 +204,8 @@ def cold_start_batch(s_full, env_index, excluded, cap_step, *, batch_size: int, 
     array (the static ``max_env_size`` is read from it)."""
     env_np = np.asarray(env_index)
     num_envs = int(env_np.max()) + 1 if num_envs is None else num_envs
-    out = jax.device_get(cold_start(jnp.asarray(s_full), jnp.asarray(env_np, jnp.int32), jnp.asarray(excluded, bool),
+    s_full = s_full if _is_source(s_full) else jnp.asarray(s_full)
+    out = jax.device_get(cold_start(s_full, jnp.asarray(env_np, jnp.int32), jnp.asarray(excluded, bool),
                                     jnp.asarray(cap_step, jnp.int32), batch_size=batch_size, num_envs=num_envs,
                                     max_env_size=max_env_size(env_np), relax=relax))
     if not out.feasible.all():

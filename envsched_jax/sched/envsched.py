@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envsched_jax.graph.build import PoolGraph
+from envsched_jax.sched import dense_free
 from envsched_jax.sched import kernels as K
 from envsched_jax.sched.base import (
     CheckpointError,
@@ -55,9 +56,31 @@ def _observe_update(state, batch, rewards, s_full, s_abs_rows, env_index, env_me
     return K.observe_update(state, batch, rewards, s_full_rows, s_abs_rows, env_index, config, env_members)
 
 
+@functools.partial(jax.jit, static_argnames=("static", "num_envs", "refresh"))
+def _score_and_select_dense_free(state, hyper, sim, env_index, *, static, num_envs, refresh):
+    """:func:`_score_and_select` with the selection penalty computed lazily from a similarity
+    source (:func:`.dense_free.select_batch_lazy`): the same batches."""
+    TRACES["score_and_select"] += 1
+    config = KernelConfig(static, hyper)
+    scores = K.score_pass(state, config)
+    progress = K.progress_filter(state, env_index, num_envs, config)
+    selection = dense_free.select_batch_lazy(state, scores.q, progress.excluded, sim, env_index, config,
+                                             refresh=refresh)
+    predicted = scores.long.yhat[jnp.maximum(selection.batch, 0), K.V]
+    return scores, progress, selection, predicted
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _observe_update_dense_free(state, batch, rewards, sim, env_index, env_members, *, config):
+    """:func:`_observe_update` reading similarities from a source (:func:`.dense_free.observe_update`)."""
+    TRACES["observe"] += 1
+    return dense_free.observe_update(state, batch, rewards, sim, env_index, env_members, config)
+
+
 @register_scheduler("envsched")
 class EnvSched(Scheduler):
-    """EnvSched (the paper's scheduler). Needs the graph's dense ``s_full`` and ``s_abs``.
+    """EnvSched (the paper's scheduler), on the graph's dense ``s_full`` / ``s_abs`` or, without
+    them, on similarities computed from its feature rows (:mod:`.dense_free`): the same batches.
 
     The constructor checks the batch size against the caps (:mod:`.feasibility`):
     ``self.feasibility.largest`` is the largest B they can always fill on this pool. A larger B
@@ -72,26 +95,50 @@ class EnvSched(Scheduler):
         seed: seeds the state's PRNG key (EnvSched's selection itself is deterministic).
         tools_per_env: tool names of each environment (``graph.env_ids`` order), for the metrics.
         excluded: task ids removed from both phases (the identifier filter's output).
+        similarity: where similarity entries come from. ``"auto"``: the dense matrices when the
+            graph has them, else ``"features"``; ``"dense"``: the matrices (an error without
+            them); ``"features"``: computed on demand from the graph's feature rows
+            (:func:`envsched_jax.graph.feature_rows.graph_similarity`; memory O(N x features),
+            nothing N x N); or a similarity source object itself (:mod:`.dense_free`).
+        refresh: candidates whose penalty a dense-free pick refreshes at once
+            (:func:`.dense_free.select_batch_lazy`; speed only, never the batch).
     """
 
     name = "envsched"
 
     def __init__(self, graph: PoolGraph, config: EnvSchedConfig | None = None, *, seed: int = 0,
                  tools_per_env: Sequence[Sequence[str]] | None = None, excluded: Iterable[str] = (),
-                 **overrides):
+                 similarity="auto", refresh: int = 32, **overrides):
         config = dataclasses.replace(config or EnvSchedConfig(), **overrides)
         super().__init__(graph, config.batch_size, config.group_size, tools_per_env)
-        if graph.s_full is None or graph.s_abs is None:
-            raise ValueError("EnvSched needs the dense S_full and S_abs; build the graph with "
-                             "GraphConfig(dense='always') (or 'auto' below dense_max_nodes)")
+        has_dense = graph.s_full is not None and graph.s_abs is not None
+        if isinstance(similarity, str) and similarity not in ("auto", "dense", "features"):
+            raise ValueError(f"similarity must be 'auto', 'dense', 'features' or a similarity source, "
+                             f"got {similarity!r}")
+        if similarity == "dense" and not has_dense:
+            raise ValueError("similarity='dense' needs the graph's dense S_full and S_abs; build the graph "
+                             "with GraphConfig(dense='always') (or 'auto' below dense_max_nodes), or use "
+                             "similarity='features'")
+        if refresh < 1:
+            raise ValueError(f"refresh must be >= 1, got {refresh}")
         if config.dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError("dtype='float64' needs jax.config.update('jax_enable_x64', True) first")
         self.config = config
         dtype = jnp.dtype(config.dtype)
         # S_full lives on the device (selection penalty, within-environment neighbours); S_abs is
         # only ever read B rows at a time, so it stays where the graph keeps it (memory or mmap).
-        self._s_full = jnp.asarray(graph.s_full, dtype)
-        self._s_abs = graph.s_abs
+        self.dense = similarity == "dense" or (similarity == "auto" and has_dense)
+        if self.dense:
+            self._s_full = jnp.asarray(graph.s_full, dtype)
+            self._s_abs = graph.s_abs
+            self._sim = None
+        else:
+            if isinstance(similarity, str):
+                from envsched_jax.graph.feature_rows import graph_similarity
+
+                similarity = graph_similarity(graph)
+            self._s_full = self._s_abs = None
+            self._sim = similarity
         self._env = jnp.asarray(graph.env_index, jnp.int32)
         self._num_envs = len(graph.env_ids)
         self._env_members = jnp.asarray(K.env_member_table(graph.env_index, self._num_envs))
@@ -115,8 +162,13 @@ class EnvSched(Scheduler):
         self.state = K.init_state(self.num_nodes, self._num_envs, config, jax.random.PRNGKey(seed))
         self.state = self.state.replace(excluded=jnp.asarray(mask))
         self._hyper = config.hyper()
-        self._step_fn = functools.partial(_score_and_select, static=config.static(), num_envs=self._num_envs)
-        self._observe_fn = functools.partial(_observe_update, config=config.static())
+        if self.dense:
+            self._step_fn = functools.partial(_score_and_select, static=config.static(), num_envs=self._num_envs)
+            self._observe_fn = functools.partial(_observe_update, config=config.static())
+        else:
+            self._step_fn = functools.partial(_score_and_select_dense_free, static=config.static(),
+                                              num_envs=self._num_envs, refresh=refresh)
+            self._observe_fn = functools.partial(_observe_update_dense_free, config=config.static())
         self.last_scores: K.Scores | None = None
         self.last_progress: K.Progress | None = None
 
@@ -131,11 +183,11 @@ class EnvSched(Scheduler):
                                                  p=jnp.asarray(allowed / allowed.sum())))
             return nodes, ["cold"] * len(nodes), None, {}
         if step == 0:
-            nodes, relax = cold_start_batch(self._s_full, self.graph.env_index, self.state.excluded,
+            nodes, relax = cold_start_batch(self._similarity, self.graph.env_index, self.state.excluded,
                                             self._hyper.cap_step, batch_size=self.batch_size,
                                             relax=self.config.infeasible == "relax", num_envs=self._num_envs)
             return nodes, ["cold"] * len(nodes), None, self._relaxation_summary(step, relax)
-        scores, progress, sel, predicted = self._step_fn(self.state, self._hyper, self._s_full, self._env)
+        scores, progress, sel, predicted = self._step_fn(self.state, self._hyper, self._similarity, self._env)
         # One transfer for everything the host needs.
         nodes, phase, relaxed, feasible, predicted = jax.device_get(
             (sel.batch, sel.phase, sel.relaxed, sel.feasible, predicted))
@@ -156,6 +208,11 @@ class EnvSched(Scheduler):
         relaxations = [K.RELAXATIONS[lvl] for lvl in relaxed.tolist() if lvl]
         return nodes, phases, predicted.astype(float).tolist(), self._relaxation_summary(step, relaxations)
 
+    @property
+    def _similarity(self):
+        """What the selection reads: the dense S_full, or the similarity source."""
+        return self._s_full if self.dense else self._sim
+
     def _relaxation_summary(self, step: int, relaxations: list[str]) -> dict[str, int]:
         """Picks per relaxed constraint, logged as one line for the step (none if nothing was
         relaxed)."""
@@ -168,6 +225,11 @@ class EnvSched(Scheduler):
     def _observe(self, step, nodes, rewards):
         order = np.argsort(nodes, kind="stable")
         sorted_nodes = nodes[order]
+        if not self.dense:
+            self.state = self._observe_fn(self.state, sorted_nodes.astype(np.int32),
+                                          rewards[order].astype(self.config.dtype), self._sim, self._env,
+                                          self._env_members)
+            return
         s_abs_rows = np.asarray(self._s_abs[sorted_nodes])   # ascending rows: a cheap mmap read
         self.state = self._observe_fn(self.state, sorted_nodes.astype(np.int32),
                                       rewards[order].astype(self.config.dtype), self._s_full, s_abs_rows,

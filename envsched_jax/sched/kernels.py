@@ -446,23 +446,21 @@ class Selection(NamedTuple):
     feasible: jax.Array   # [B] bool: some node was available at all
 
 
-def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s_full: jax.Array,
-                 env_index: jax.Array, config) -> Selection:
-    """Coverage picks then exploitation picks into one batch, greedily (eq. 5)."""
-    n = q.shape[0]
-    B, b_cov = config.batch_size, config.num_coverage
-    dtype = q.dtype
-    omega = (1.0 + state.sel_count.astype(dtype) / config.c0) ** -0.5
-    # Eq. 5 is evaluated as NumPy (and the reference) evaluate it: q omega and lambda_sim s each
-    # rounded on its own, then subtracted, so that mathematically equal scores tie exactly and the
-    # lower index wins. Written as one expression, XLA fuses it and LLVM contracts it into a fused
-    # multiply-add whose single rounding splits such ties (q = 2341/2400 at similarity 0.75 vs
-    # q = 2365/2400 at 0.875, lambda_sim = 0.08, picked the higher index; an optimization barrier
-    # is removed by XLA's CPU pipeline). So the exploitation gain q omega is computed once, outside
-    # the loop, and the loop carries the penalty lambda_sim max_b s_ib itself (rounding is
-    # monotone, so the max of rounded products is the rounded product of the max): both reach the
-    # subtraction as stored values, with no multiplication left to contract.
-    gain = q * omega
+class PickRules(NamedTuple):
+    """Who may be picked, as functions of a pick's carry (shared by :func:`select_batch` and the
+    dense-free :func:`envsched_jax.sched.dense_free.select_batch_lazy`).
+
+    ``eligible(in_batch, cnt, coverage)`` -> (candidates [N] bool, relaxation level []) and
+    ``coverage_mask(eligible, cnt)`` -> the lexicographic restriction of a coverage pick (batch
+    environment count, environment exposure, node observations), where ``in_batch`` [N] marks the
+    batch so far and ``cnt`` [N] is the batch's picks of each node's environment."""
+
+    eligible: object
+    coverage_mask: object
+
+
+def pick_rules(state: EnvSchedState, prog_excluded: jax.Array, env_index: jax.Array, config) -> PickRules:
+    """The candidate masks of eq. 5's greedy picks (caps, progress filter, relaxation levels)."""
     # Loop invariants are computed once here (XLA does not hoist them out of the loop).
     window_i = state.env_recent.sum(axis=0)[env_index]                # steps t-1 and t-2
     env_total_i = state.env_total[env_index]
@@ -470,7 +468,6 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
     run_ok = state.run < config.cap_consecutive
     prog_ok = ~prog_excluded
     big = jnp.iinfo(jnp.int32).max
-    ids = jnp.arange(n, dtype=jnp.int32)
 
     def eligible_at(in_batch, cnt, coverage: bool):
         """The candidates of a pick and its relaxation level (0: none relaxed)."""
@@ -494,13 +491,44 @@ def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s
         kmin = jnp.min(jnp.where(mask, key, big))
         return mask & (key == kmin)
 
+    def coverage_mask(eligible, cnt):
+        return restrict(restrict(restrict(eligible, cnt), env_total_i), state.num_obs)
+
+    return PickRules(eligible_at, coverage_mask)
+
+
+def exploitation_gain(state: EnvSchedState, q: jax.Array, config) -> jax.Array:
+    """q omega of eq. 5, omega = (1 + c_i / c0)^(-1/2), computed once per step (see select_batch)."""
+    omega = (1.0 + state.sel_count.astype(q.dtype) / config.c0) ** -0.5
+    return q * omega
+
+
+def select_batch(state: EnvSchedState, q: jax.Array, prog_excluded: jax.Array, s_full: jax.Array,
+                 env_index: jax.Array, config) -> Selection:
+    """Coverage picks then exploitation picks into one batch, greedily (eq. 5)."""
+    n = q.shape[0]
+    B, b_cov = config.batch_size, config.num_coverage
+    dtype = q.dtype
+    # Eq. 5 is evaluated as NumPy (and the reference) evaluate it: q omega and lambda_sim s each
+    # rounded on its own, then subtracted, so that mathematically equal scores tie exactly and the
+    # lower index wins. Written as one expression, XLA fuses it and LLVM contracts it into a fused
+    # multiply-add whose single rounding splits such ties (q = 2341/2400 at similarity 0.75 vs
+    # q = 2365/2400 at 0.875, lambda_sim = 0.08, picked the higher index; an optimization barrier
+    # is removed by XLA's CPU pipeline). So the exploitation gain q omega is computed once, outside
+    # the loop, and the loop carries the penalty lambda_sim max_b s_ib itself (rounding is
+    # monotone, so the max of rounded products is the rounded product of the max): both reach the
+    # subtraction as stored values, with no multiplication left to contract.
+    gain = exploitation_gain(state, q, config)
+    rules = pick_rules(state, prog_excluded, env_index, config)
+    ids = jnp.arange(n, dtype=jnp.int32)
+
     def pick(coverage: bool):
         def body(k, carry):
             batch, phase, relaxed, feasible, in_batch, cnt, penalty = carry
-            eligible, level = eligible_at(in_batch, cnt, coverage)
+            eligible, level = rules.eligible(in_batch, cnt, coverage)
             ok = eligible.any()
-            if coverage:   # lexicographic restriction (batch env count, env exposure, node observations)
-                mask, score = restrict(restrict(restrict(eligible, cnt), env_total_i), state.num_obs), q - penalty
+            if coverage:
+                mask, score = rules.coverage_mask(eligible, cnt), q - penalty
             else:
                 mask, score = eligible, gain - penalty
             i = jnp.argmax(jnp.where(mask, score, -jnp.inf)).astype(jnp.int32)
@@ -612,9 +640,9 @@ def env_member_table(env_index, num_envs: int):
     return table
 
 
-def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s_full_rows: jax.Array,
+def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s_full_rows: jax.Array | None,
                    s_abs_rows: jax.Array, env_index: jax.Array, config,
-                   env_members: jax.Array | None = None) -> EnvSchedState:
+                   env_members: jax.Array | None = None, s_full_member_rows: jax.Array | None = None) -> EnvSchedState:
     """Record step ``state.step``'s observed groups and advance to the next step.
 
     ``batch`` [B] holds ascending node indices, optionally followed by -1 padding (rows that are
@@ -622,7 +650,10 @@ def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s
     ``s_abs_rows`` are the [B, N] similarity rows of the batch (the matrices are symmetric, so they
     are also its columns), gathered by the caller. ``env_members`` (:func:`env_member_table`, optional):
     with it, a new node's insertion into within-environment lists reads and writes only its
-    environment's rows (O(M K) instead of O(N K); the same lists either way, tested)."""
+    environment's rows (O(M K) instead of O(N K); the same lists either way, tested).
+    ``s_full_member_rows`` [B, M] (with ``env_members``; then ``s_full_rows`` may be None): only
+    the entries those insertions read, ``S_full[batch[b], env_members[env of batch[b]]]`` (0 on
+    padding): what the dense-free path (:mod:`.dense_free`) computes instead of whole rows."""
     dtype = state.obs_y.dtype
     t = state.step
     n = state.num_obs.shape[0]
@@ -663,7 +694,8 @@ def observe_update(state: EnvSchedState, batch: jax.Array, rewards: jax.Array, s
             return _insert(nbr_in, nbr_in_sim, c, s_full_rows[b].astype(dtype), (env_index == e) & (ids != c))
         rows = env_members[e]                                      # [M], -1 padded
         safe = jnp.maximum(rows, 0)
-        sub_idx, sub_sim = _insert(nbr_in[safe], nbr_in_sim[safe], c, s_full_rows[b][safe].astype(dtype),
+        sims = s_full_rows[b][safe] if s_full_member_rows is None else s_full_member_rows[b]
+        sub_idx, sub_sim = _insert(nbr_in[safe], nbr_in_sim[safe], c, sims.astype(dtype),
                                    (rows >= 0) & (rows != c))
         target = jnp.where(rows >= 0, rows, n)                     # padding: dropped
         return (nbr_in.at[target].set(sub_idx, mode="drop", unique_indices=True),

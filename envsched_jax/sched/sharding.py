@@ -134,6 +134,10 @@ def shard_scheduler(sched: EnvSched, mesh: Mesh, axis: str = "nodes") -> EnvSche
     identical to the unsharded scheduler's."""
     if not isinstance(sched, EnvSched):
         raise TypeError(f"shard_scheduler needs an EnvSched, got {type(sched).__name__}")
+    if not sched.dense:
+        raise ValueError("shard_scheduler shards the dense path (S_full's columns over the mesh); this "
+                         "EnvSched computes similarities from feature rows (similarity='features'), "
+                         "which is not sharded yet")
     if axis not in mesh.axis_names:
         raise ValueError(f"shard_scheduler: mesh has no axis {axis!r} (axes {mesh.axis_names})")
     axis_type = dict(zip(mesh.axis_names, mesh.axis_types))[axis]
