@@ -5,7 +5,11 @@ Layout of ``DIR``::
     manifest.json        format version, pool name and content hash, config, N, files, timings
     candidates.npz       env_index, within_idx, within_sim, cross_idx, cross_sim
     s_full.npy, s_abs.npy  dense similarities (only when built)
-    features_<view>.npz  sparse TF-IDF matrices of the six concrete views and the abstract view
+    features_<view>.{data,indices,indptr}.npy
+                         sparse TF-IDF matrices (CSR) of the concrete views and the abstract view,
+                         exactly as built (storage order kept); memory-mapped on load by default
+                         (shapes in the manifest's "features"). Artefacts written before this
+                         layout hold ``features_<view>.npz`` (scipy's ``save_npz``) and still load.
     abstract.txt         one abstract operation description per node (for inspection)
     task_ids.txt, env_ids.txt
 
@@ -30,6 +34,7 @@ from envsched_jax.graph.build import GraphConfig, PoolGraph
 from envsched_jax.pool.model import Pool
 
 FORMAT_VERSION = 1
+_CSR_PARTS = ("data", "indices", "indptr")
 
 
 class GraphArtefactError(ValueError):
@@ -51,9 +56,13 @@ def save_graph(graph: PoolGraph, directory: str | os.PathLike, *, overwrite: boo
         if matrix is not None:
             np.save(tmp / f"{name}.npy", matrix)
             files.append(f"{name}.npy")
+    feature_shapes = {}
     for view, matrix in graph.features.items():
-        sp.save_npz(tmp / f"features_{view}.npz", matrix)
-        files.append(f"features_{view}.npz")
+        matrix = sp.csr_matrix(matrix) if not sp.isspmatrix_csr(matrix) else matrix
+        for part in _CSR_PARTS:
+            np.save(tmp / f"features_{view}.{part}.npy", getattr(matrix, part))
+            files.append(f"features_{view}.{part}.npy")
+        feature_shapes[view] = list(matrix.shape)
     (tmp / "abstract.txt").write_text("\n".join(t.replace("\n", " ") for t in graph.abstract_texts) + "\n")
     (tmp / "task_ids.txt").write_text("\n".join(graph.task_ids) + "\n")
     (tmp / "env_ids.txt").write_text("\n".join(graph.env_ids) + "\n")
@@ -65,6 +74,7 @@ def save_graph(graph: PoolGraph, directory: str | os.PathLike, *, overwrite: boo
         "num_environments": len(graph.env_ids),
         "config": dataclasses.asdict(graph.config),
         "dense": graph.s_full is not None,
+        "features": feature_shapes,
         "files": files + ["abstract.txt", "task_ids.txt", "env_ids.txt"],
         "bytes": {"sparse_features": graph.feature_bytes(), "dense_matrices": graph.dense_bytes(),
                   "candidates": graph.candidate_bytes()},
@@ -94,7 +104,8 @@ def read_manifest(directory: str | os.PathLike) -> dict:
 def load_graph(directory: str | os.PathLike, pool: Pool | None = None, *, mmap: bool = True) -> PoolGraph:
     """Load a graph directory; with ``pool``, check that it was built from exactly that pool.
 
-    Dense matrices are memory-mapped by default (``mmap=False`` reads them into memory)."""
+    Dense matrices and the feature matrices' arrays are memory-mapped by default (``mmap=False``
+    reads them into memory); memory-mapped arrays are read-only."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     if pool is not None and pool.content_hash() != manifest["pool_content_hash"]:
@@ -111,15 +122,30 @@ def load_graph(directory: str | os.PathLike, pool: Pool | None = None, *, mmap: 
         path = directory / f"{name}.npy"
         dense[name] = np.load(path, mmap_mode="r" if mmap else None) if path.is_file() else None
     features = {f[len("features_"):-len(".npz")]: sp.load_npz(directory / f).tocsr()
-                for f in manifest["files"] if f.startswith("features_")}
+                for f in manifest["files"] if f.startswith("features_") and f.endswith(".npz")}
+    for view, shape in manifest.get("features", {}).items():
+        data, indices, indptr = (np.load(directory / f"features_{view}.{part}.npy", mmap_mode="r" if mmap else None)
+                                 for part in _CSR_PARTS)
+        features[view] = _csr_without_copy(data, indices, indptr, tuple(shape))
+    shared: dict[str, str] = {}
     return PoolGraph(
         task_ids=tuple((directory / "task_ids.txt").read_text().split("\n")[:-1]),
         env_ids=tuple((directory / "env_ids.txt").read_text().split("\n")[:-1]),
         env_index=cand["env_index"], within_idx=cand["within_idx"], within_sim=cand["within_sim"],
         cross_idx=cand["cross_idx"], cross_sim=cand["cross_sim"],
         s_full=dense["s_full"], s_abs=dense["s_abs"], features=features,
-        abstract_texts=tuple((directory / "abstract.txt").read_text().split("\n")[:-1]),
+        abstract_texts=tuple(shared.setdefault(t, t) for t in (directory / "abstract.txt").read_text().split("\n")[:-1]),
         config=GraphConfig(**{k: tuple(v) if isinstance(v, list) else v
                               for k, v in manifest["config"].items()}),
         pool_name=manifest["pool_name"], pool_hash=manifest["pool_content_hash"],
         timings=manifest.get("timings_s", {}))
+
+
+def _csr_without_copy(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
+                      shape: tuple[int, int]) -> sp.csr_matrix:
+    """A CSR matrix over exactly these arrays (memory maps stay memory maps): no copy, no
+    re-sorting of the indices, no index-dtype change."""
+    matrix = sp.csr_matrix(shape, dtype=data.dtype)
+    matrix.data, matrix.indices, matrix.indptr = data, indices, indptr
+    matrix.check_format(full_check=False)
+    return matrix

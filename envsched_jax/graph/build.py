@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import time
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +53,7 @@ from sklearn.utils.extmath import safe_sparse_dot
 
 from envsched_jax.graph.extract import Extraction, analyse_environment, extract
 from envsched_jax.graph.views import VIEW_NAMES, NodeViews, node_views
-from envsched_jax.pool.model import Pool
+from envsched_jax.pool.model import Environment, Pool, Task, _canonical
 
 PAPER_VIEW_WEIGHTS = (0.28, 0.08, 0.16, 0.12, 0.16, 0.20)
 
@@ -193,6 +195,35 @@ def _progress(items: Iterable, description: str, total: int, enabled: bool) -> I
     return track(items, description=description, total=total, transient=True)
 
 
+class _Bar:
+    """A rich progress bar advanced by hand (``advance(k)``), shown when enabled and attached to a
+    terminal; a no-op otherwise. Used as a context manager."""
+
+    def __init__(self, description: str, total: int, enabled: bool):
+        self._progress = None
+        if enabled:
+            from rich.console import Console
+
+            if Console().is_terminal:
+                from rich.progress import Progress, TimeElapsedColumn
+
+                self._progress = Progress(*Progress.get_default_columns(), TimeElapsedColumn(), transient=True)
+                self._task = self._progress.add_task(description, total=total)
+
+    def __enter__(self) -> _Bar:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def advance(self, k: int = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, k)
+
+
 def stack_views(features: Sequence[sp.csr_matrix], weights: Sequence[float]) -> sp.csr_matrix:
     """``Z = [sqrt(w_1) X_1, ..., sqrt(w_6) X_6]``, so that ``Z Z^T = sum_a w_a X_a X_a^T``:
     the weighted sum of the six cosine matrices is one sparse product instead of six."""
@@ -310,6 +341,41 @@ def within_candidates(Z: sp.csr_matrix, env_index: np.ndarray, m: int,
     return idx, val
 
 
+def within_candidates_from_views(features: Sequence[sp.csr_matrix], weights: Sequence[float],
+                                 env_index: np.ndarray, m: int, progress: bool = False,
+                                 batch_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`within_candidates` of ``stack_views(features, weights)`` without stacking all N rows
+    at once: the rows of a batch of environments (about ``batch_rows`` rows) are stacked at a time.
+    Row selection keeps every row's entries in storage order and the weighting is elementwise, so
+    each environment's block is bit-identical to the one cut from the full stack."""
+    n = len(env_index)
+    idx = np.full((n, m), -1, np.int32)
+    val = np.zeros((n, m), np.float32)
+    order = np.argsort(env_index, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(env_index[order])) + 1)
+    with _Bar("within-environment candidates", len(groups), progress) as bar:
+        start = 0
+        while start < len(groups):
+            stop, rows = start, 0
+            while stop < len(groups) and (stop == start or rows + len(groups[stop]) <= batch_rows):
+                rows += len(groups[stop])
+                stop += 1
+            batch = np.concatenate(groups[start:stop])
+            Zb = stack_views([X[batch] for X in features], weights)
+            offset = 0
+            for members in groups[start:stop]:
+                Zm = Zb[offset:offset + len(members)]
+                offset += len(members)
+                block = _finish_block(safe_sparse_dot(Zm, Zm.T.tocsr(), dense_output=True).astype(np.float32, copy=False))
+                np.fill_diagonal(block, -np.inf)
+                local_idx, local_val = _top_m(block, m)
+                idx[members] = np.where(local_idx >= 0, members[np.maximum(local_idx, 0)], -1)
+                val[members] = local_val
+            bar.advance(stop - start)
+            start = stop
+    return idx, val
+
+
 def cross_candidates(abstract: sp.csr_matrix, env_index: np.ndarray, m: int, block_size: int,
                      progress: bool = False, radius: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-m other-environment neighbours of every node by S_abs (ties -> lower index); with
@@ -407,40 +473,236 @@ def pool_views(pool: Pool, progress: bool = False,
             for task in _progress(pool.tasks, "extracting operations", pool.num_tasks, progress)]
 
 
+class PoolSource(Protocol):
+    """A pool produced environment by environment (e.g.
+    :class:`envsched_jax.pool.generator.GeneratedPoolStream`), for :func:`build_graph_stream`:
+    ``environments()`` yields the environments in pool order, ``chunks()`` yields
+    ``(environment, tasks)`` with every task in pool order. Equal to a ``Pool`` whose
+    ``environments`` and ``tasks`` are those records in that order."""
+
+    name: str
+    num_tasks: int
+
+    def environments(self) -> Iterable[Environment]: ...
+
+    def chunks(self) -> Iterable[tuple[Environment, Sequence[Task]]]: ...
+
+
+class _PoolChunks:
+    """An in-memory ``Pool`` as a :class:`PoolSource`: each run of consecutive tasks of one
+    environment is a chunk; its content hash is the pool's own."""
+
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self.name = pool.name
+        self.num_tasks = pool.num_tasks
+
+    def environments(self) -> Iterable[Environment]:
+        return iter(self.pool.environments)
+
+    def chunks(self) -> Iterator[tuple[Environment, Sequence[Task]]]:
+        tasks = self.pool.tasks
+        start = 0
+        while start < len(tasks):
+            env_id = tasks[start].env_id
+            stop = start + 1
+            while stop < len(tasks) and tasks[stop].env_id == env_id:
+                stop += 1
+            yield self.pool.environment(env_id), tasks[start:stop]
+            start = stop
+
+
+def _env_record(env: Environment) -> dict:
+    """What ``Pool.content_hash`` hashes of an environment."""
+    return env.to_json() if env.class_source is not None else {"env_id": env.env_id, "trusted": env.class_name}
+
+
+class _TextColumn:
+    """One view's text of every node, kept zlib-compressed in blocks of ``block`` texts (the
+    generated pools' texts compress about 5x; at 1,000,000 tasks the views as Python strings take
+    about 4.5 GB). Iterating yields the texts in order, decompressing one block at a time."""
+
+    def __init__(self, block: int = 4096):
+        self._block = block
+        self._blobs: list[tuple[bytes, np.ndarray]] = []
+        self._pending: list[str] = []
+        self._len = 0
+
+    def append(self, text: str) -> None:
+        self._pending.append(text)
+        self._len += 1
+        if len(self._pending) >= self._block:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            encoded = [t.encode("utf-8", "surrogatepass") for t in self._pending]
+            self._blobs.append((zlib.compress(b"".join(encoded), 1),
+                                np.fromiter((len(e) for e in encoded), np.int64, len(encoded))))
+            self._pending = []
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        self._flush()
+        for blob, lengths in self._blobs:
+            raw = zlib.decompress(blob)
+            pos = 0
+            for size in lengths.tolist():
+                yield raw[pos:pos + size].decode("utf-8", "surrogatepass")
+                pos += size
+
+    def nbytes(self) -> int:
+        return sum(len(b) + lengths.nbytes for b, lengths in self._blobs)
+
+
+class _Counted:
+    """``texts`` whose iteration advances a progress bar (every 1,024 texts)."""
+
+    def __init__(self, texts: Sequence[str] | _TextColumn, bar: _Bar):
+        self._texts, self._bar = texts, bar
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __iter__(self) -> Iterator[str]:
+        count = 0
+        for text in self._texts:
+            yield text
+            count += 1
+            if count == 1024:
+                self._bar.advance(count)
+                count = 0
+        self._bar.advance(count)
+
+
 def build_graph(pool: Pool, config: GraphConfig = GraphConfig(), *, progress: bool = False,
                 extractions: Sequence[Extraction] | None = None) -> PoolGraph:
     """Build the static graph of ``pool`` (see the module docstring); ``extractions`` replaces
     the static extractor's output (see :func:`pool_views`)."""
+    return build_graph_stream(_PoolChunks(pool), config, progress=progress, extractions=extractions)
+
+
+def build_graph_stream(source: PoolSource | Pool, config: GraphConfig = GraphConfig(), *,
+                       progress: bool = False,
+                       extractions: Sequence[Extraction] | None = None) -> PoolGraph:
+    """:func:`build_graph` of a pool that is produced environment by environment and never held
+    whole (:class:`PoolSource`); the graph is identical to ``build_graph`` of the same pool, its
+    ``pool_hash`` included (computed as the records stream past).
+
+    Memory: each environment's tasks are dropped once their views are rendered; the views' texts
+    are kept compressed (:class:`_TextColumn`) and each view's column is dropped after its TF-IDF
+    fit; the within-environment candidates stack the weighted views a batch of environments at a
+    time. What stays is what the graph holds: the feature matrices, candidate lists, ids and
+    abstract texts (equal texts share one string). ``timings`` gains ``generate`` (time spent
+    producing the records) for a source that is not an in-memory ``Pool``, and ``hash``."""
+    from envsched_jax.pool.bundles import is_terminal_task, skill_extraction
+
+    if isinstance(source, Pool):
+        source = _PoolChunks(source)
+    if extractions is not None and len(extractions) != source.num_tasks:
+        raise ValueError(f"pool_views: {len(extractions)} extractions for {source.num_tasks} tasks")
+    in_memory = isinstance(source, _PoolChunks)
     timings: dict[str, float] = {}
+    t_generate = t_hash = t_extract = 0.0
+
+    hasher = None if in_memory else hashlib.sha256()
     t0 = time.perf_counter()
-    views = pool_views(pool, progress, extractions)
-    timings["extract"] = time.perf_counter() - t0
+    env_ids: list[str] = []
+    for env in source.environments():
+        env_ids.append(env.env_id)
+        if hasher is not None:
+            hasher.update(_canonical(_env_record(env)))
+    t_generate += time.perf_counter() - t0
+    env_pos = {env_id: k for k, env_id in enumerate(env_ids)}
+
+    columns = {name: _TextColumn() for name in ("instruction", "check_text", "check_code",
+                                                 "initial_context", "operations")}
+    abstract_texts: list[str] = []
+    shared: dict[str, str] = {}
+    task_ids: list[str] = []
+    env_index_list: list[int] = []
+    with _Bar("generating + extracting" if not in_memory else "extracting operations",
+              source.num_tasks, progress) as bar:
+        chunks = iter(source.chunks())
+        while True:
+            t0 = time.perf_counter()
+            chunk = next(chunks, None)
+            t_generate += time.perf_counter() - t0
+            if chunk is None:
+                break
+            env, tasks = chunk
+            if hasher is not None:
+                t0 = time.perf_counter()
+                for task in tasks:
+                    hasher.update(_canonical(task.to_json()))
+                t_hash += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            info = analyse_environment(env) if extractions is None else None
+            for task in tasks:
+                if extractions is not None:
+                    extraction = extractions[len(task_ids)]
+                elif is_terminal_task(task):
+                    extraction = skill_extraction(task)
+                else:
+                    extraction = extract(env, task, info)
+                v = node_views(task, extraction)
+                columns["instruction"].append(v.instruction)
+                columns["check_text"].append(v.check_text)
+                columns["check_code"].append(v.check_code)
+                columns["initial_context"].append(v.initial_context)
+                columns["operations"].append(v.operations)
+                abstract_texts.append(shared.setdefault(v.abstract, v.abstract))
+                task_ids.append(task.task_id)
+                env_index_list.append(env_pos[task.env_id])
+            t_extract += time.perf_counter() - t0
+            bar.advance(len(tasks))
+        del chunks, chunk
+    if not in_memory:
+        timings["generate"] = t_generate
+    timings["extract"] = t_extract
+    t0 = time.perf_counter()
+    pool_hash = source.pool.content_hash() if in_memory else hasher.hexdigest()
+    timings["hash"] = t_hash + time.perf_counter() - t0
+    n = len(task_ids)
+    if n != source.num_tasks:
+        raise ValueError(f"pool source {source.name!r} announced {source.num_tasks} tasks but gave {n}")
 
     t0 = time.perf_counter()
-    concrete_texts = list(zip(*(v.concrete() for v in views)))
     weights = config.concrete_weights()
-    features = {name: encode_view(texts, name, config) for name, texts in zip(VIEW_NAMES, concrete_texts)
-                if name in weights}
-    features["abstract"] = encode_view([v.abstract for v in views], "abstract", config)
+    view_column = dict(zip(VIEW_NAMES, ("instruction", "instruction", "check_text", "check_code",
+                                        "initial_context", "operations")))
+    keep = {"instruction"} if config.semantic_view != "off" else set()
+    features: dict[str, sp.csr_matrix] = {}
+    for position, name in enumerate(VIEW_NAMES):
+        if name in weights:
+            with _Bar(f"TF-IDF {name}", n, progress) as bar:
+                features[name] = encode_view(_Counted(columns[view_column[name]], bar), name, config)
+        later = {view_column[v] for v in VIEW_NAMES[position + 1:]} | keep
+        if view_column[name] not in later:
+            columns.pop(view_column[name], None)
+    with _Bar("TF-IDF abstract", n, progress) as bar:
+        features["abstract"] = encode_view(_Counted(abstract_texts, bar), "abstract", config)
     timings["tfidf"] = time.perf_counter() - t0
     if config.semantic_view != "off":
         from envsched_jax.graph.semantic import semantic_features
 
         t0 = time.perf_counter()
         features["semantic"] = semantic_features(
-            [v.instruction for v in views], progress=progress,
+            list(columns.pop("instruction")), progress=progress,
             cache_dir=None if config.semantic_cache_dir is None else Path(config.semantic_cache_dir))
         timings["semantic"] = time.perf_counter() - t0
 
-    env_ids = tuple(e.env_id for e in pool.environments)
-    env_index = np.asarray(pool.env_index(), np.int32)
-    n = pool.num_tasks
-    concrete = stack_views([features[name] for name in weights], list(weights.values()))
+    env_index = np.asarray(env_index_list, np.int32)
+    del env_index_list
+    concrete_views = [features[name] for name in weights]
+    concrete_weights = list(weights.values())
     abstract = features["abstract"]
 
     t0 = time.perf_counter()
     m = config.num_candidates
-    within_idx, within_sim = within_candidates(concrete, env_index, m, progress)
+    within_idx, within_sim = within_candidates_from_views(concrete_views, concrete_weights, env_index, m, progress)
     radius = None
     if config.hubness == "csls":
         raw_idx, raw_sim = cross_candidates(abstract, env_index, max(m, config.hubness_k),
@@ -453,13 +715,15 @@ def build_graph(pool: Pool, config: GraphConfig = GraphConfig(), *, progress: bo
     build_dense = config.dense == "always" or (config.dense == "auto" and n <= config.dense_max_nodes)
     s_full = s_abs = None
     if build_dense:
+        concrete = stack_views(concrete_views, concrete_weights)
         s_full = _dense_similarity(concrete, config.block_size, "S_full", progress)
+        del concrete
         s_abs = _dense_similarity(abstract, config.block_size, "S_abs", progress, radius)
     timings["dense"] = time.perf_counter() - t0
 
     return PoolGraph(
-        task_ids=tuple(t.task_id for t in pool.tasks), env_ids=env_ids, env_index=env_index,
+        task_ids=tuple(task_ids), env_ids=tuple(env_ids), env_index=env_index,
         within_idx=within_idx, within_sim=within_sim, cross_idx=cross_idx, cross_sim=cross_sim,
         s_full=s_full, s_abs=s_abs, features=features,
-        abstract_texts=tuple(v.abstract for v in views), config=config,
-        pool_name=pool.name, pool_hash=pool.content_hash(), timings=timings)
+        abstract_texts=tuple(abstract_texts), config=config,
+        pool_name=source.name, pool_hash=pool_hash, timings=timings)

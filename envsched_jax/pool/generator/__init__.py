@@ -20,6 +20,9 @@ Generation executes nothing; the class source is trusted project output, loadabl
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+
 from envsched_jax.pool.generator.domains import DOMAINS
 from envsched_jax.pool.generator.environment import (
     FAMILIES,
@@ -31,8 +34,8 @@ from envsched_jax.pool.generator.stream import stream_for
 from envsched_jax.pool.generator.tasks import TEMPLATES, build_task, templates_for
 from envsched_jax.pool.model import Environment, Pool, Task
 
-__all__ = ["DOMAINS", "FAMILIES", "TEMPLATES", "generate_pool", "generate_pool_of_size",
-           "environment_spec", "generate_environment"]
+__all__ = ["DOMAINS", "FAMILIES", "TEMPLATES", "GeneratedPoolStream", "generate_pool", "generate_pool_of_size",
+           "generated_pool_stream", "environment_spec", "generate_environment"]
 
 
 def _domain_order(seed: int) -> list[int]:
@@ -70,15 +73,59 @@ def generate_pool(num_environments: int, tasks_per_environment: int, seed: int =
                      f"synthetic_s{seed}_{num_environments}x{tasks_per_environment}")
 
 
-def generate_pool_of_size(num_tasks: int, seed: int = 0, tasks_per_environment: int = 50) -> Pool:
-    """A pool of exactly ``num_tasks`` tasks, ``tasks_per_environment`` per environment (the last
-    environment may get fewer)."""
+def _size_counts(num_tasks: int, tasks_per_environment: int) -> list[int]:
     if num_tasks < 1 or tasks_per_environment < 1:
         raise ValueError(f"num_tasks and tasks_per_environment must be positive, got {num_tasks} "
                          f"and {tasks_per_environment}")
     full, rest = divmod(num_tasks, tasks_per_environment)
-    counts = [tasks_per_environment] * full + ([rest] if rest else [])
-    return _generate(counts, seed, f"synthetic_s{seed}_{num_tasks}")
+    return [tasks_per_environment] * full + ([rest] if rest else [])
+
+
+def generate_pool_of_size(num_tasks: int, seed: int = 0, tasks_per_environment: int = 50) -> Pool:
+    """A pool of exactly ``num_tasks`` tasks, ``tasks_per_environment`` per environment (the last
+    environment may get fewer)."""
+    return _generate(_size_counts(num_tasks, tasks_per_environment), seed, f"synthetic_s{seed}_{num_tasks}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedPoolStream:
+    """The pool ``generate_pool_of_size(num_tasks, seed, tasks_per_environment)`` would return,
+    produced one environment at a time instead of held in memory (at 1,000,000 tasks the
+    ``Pool`` object alone takes about 13 GB; see :func:`envsched_jax.graph.build.build_graph_stream`).
+
+    ``environments()`` yields the environments in pool order (cheap: no tasks are drawn);
+    ``chunks()`` yields ``(environment, its tasks)`` in pool order. Both are generated afresh on
+    every call and equal the corresponding records of the in-memory pool."""
+
+    num_tasks: int
+    seed: int = 0
+    tasks_per_environment: int = 50
+
+    @property
+    def name(self) -> str:
+        return f"synthetic_s{self.seed}_{self.num_tasks}"
+
+    def _counts(self) -> list[int]:
+        return _size_counts(self.num_tasks, self.tasks_per_environment)
+
+    def environments(self) -> Iterator[Environment]:
+        order = _domain_order(self.seed)
+        for index in range(len(self._counts())):
+            yield build_environment(make_env_spec(self.seed, index, order, stream_for(self.seed, index, 0)))
+
+    def chunks(self) -> Iterator[tuple[Environment, list[Task]]]:
+        order = _domain_order(self.seed)
+        for index, n in enumerate(self._counts()):
+            yield generate_environment(self.seed, index, n, order)
+
+    def to_pool(self) -> Pool:
+        return generate_pool_of_size(self.num_tasks, self.seed, self.tasks_per_environment)
+
+
+def generated_pool_stream(num_tasks: int, seed: int = 0, tasks_per_environment: int = 50) -> GeneratedPoolStream:
+    """The streamed form of :func:`generate_pool_of_size` (:class:`GeneratedPoolStream`)."""
+    _size_counts(num_tasks, tasks_per_environment)  # validates the arguments
+    return GeneratedPoolStream(num_tasks, seed, tasks_per_environment)
 
 
 def _generate(counts: list[int], seed: int, name: str) -> Pool:
