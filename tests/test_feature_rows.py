@@ -460,3 +460,22 @@ def test_bad_indices_and_views(graph, rows):
     semantic = dataclasses.replace(graph, config=GraphConfig(semantic_view="add"))
     with pytest.raises(ValueError, match="semantic_view='add'"):
         graph_feature_rows(semantic)
+
+
+def test_checks_in_chunks_and_offset_limit(monkeypatch):
+    """The host-side checks give the same answers in small chunks; nnz must fit int32 offsets."""
+    import envsched_jax.graph.feature_rows as fr
+
+    X = _shuffled_csr(7)
+    Xs = X.copy()
+    Xs.sort_indices()
+    dup = sp.csr_matrix((np.ones(5, np.float32), np.array([0, 1, 2, 4, 2]), np.array([0, 2, 2, 5])), shape=(3, 5))  # row 2: column 2 twice
+    for chunk in (1, 3, 1 << 22):
+        monkeypatch.setattr(fr, "_CHECK_CHUNK", chunk)
+        assert not CSRRows.from_csr(X).ordered and CSRRows.from_csr(Xs).ordered
+        assert not storage_order_is_global(_order_case().indptr, _order_case().indices, 3)
+        with pytest.raises(ValueError, match="same column twice"):
+            CSRRows.from_csr(dup)
+    monkeypatch.setattr(fr, "_MAX_OFFSET", X.nnz + 8)
+    with pytest.raises(ValueError, match="int32 offsets"):
+        CSRRows.from_csr(X)

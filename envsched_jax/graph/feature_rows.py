@@ -83,6 +83,10 @@ and 832 bytes) for the padded :class:`FeatureRows`. Plus a 4 MB rounding table s
 row: every pair reads all of row j's stored entries, shared or not) and O(F + c G) memory for one
 query row against a chunk of c columns (c G bounded by ``_ELEMENT_BUDGET``).
 :class:`GroupedRows`: 4 N + 4 U^2 bytes (U distinct rows); a row costs O(N).
+Building (host): :meth:`CSRRows.from_csr` checks the rows in chunks of ``_CHECK_CHUNK`` entries
+(duplicate columns; the storage-order check keeps the distinct "stored right before" column pairs,
+at most nnz); :func:`abs_groups` hashes every row once (a Python loop over N rows).
+Measured figures: ``experiments/bench_feature_rows.py``.
 """
 
 from __future__ import annotations
@@ -119,9 +123,29 @@ _MAX_GROUPS = 20_000
 1.6 GB at 20,000)."""
 
 
+_MAX_OFFSET = int(np.iinfo(np.int32).max)
+"""Largest entry offset of :class:`CSRRows` (int32: JAX's default integers without x64)."""
+
+_CHECK_CHUNK = 1 << 22
+"""Stored entries per chunk of the host-side checks (bounds their temporary memory)."""
+
+
+def _row_chunks(indptr: np.ndarray):
+    """``(first_row, stop_row)`` ranges of whole rows with about ``_CHECK_CHUNK`` entries each."""
+    n = len(indptr) - 1
+    start = 0
+    while start < n:
+        stop = int(np.searchsorted(indptr, indptr[start] + _CHECK_CHUNK, side="right")) - 1
+        stop = min(max(stop, start + 1), n)
+        yield start, stop
+        start = stop
+
+
 def _check_csr(X, who: str) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
-    """Validated ``(n, f, indptr, indices, data)`` (int64, int64, float32) of a float32 CSR matrix:
-    scipy CSR, float32, column indices in range, finite values, no column twice in a row."""
+    """Validated ``(n, f, indptr, indices, data)`` (int64, int32, float32; no copies where X's
+    arrays already have those types) of a float32 CSR matrix: scipy CSR, float32, column indices in
+    range, finite values, no column twice in a row (checked in chunks of rows: O(nnz) time,
+    O(``_CHECK_CHUNK``) temporary memory)."""
     if not sp.issparse(X) or X.format != "csr":
         raise ValueError(f"{who} needs a scipy CSR matrix, got {type(X).__name__}"
                          + (f" ({X.format})" if sp.issparse(X) else ""))
@@ -133,15 +157,19 @@ def _check_csr(X, who: str) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarra
         raise ValueError(f"{who}: {f} columns do not fit int32 indices")
     indptr = np.asarray(X.indptr, np.int64)
     nnz = int(indptr[-1])
-    indices = np.asarray(X.indices, np.int64)[:nnz]
-    data = np.asarray(X.data, np.float32)[:nnz]
+    indices = np.asarray(X.indices[:nnz])
+    data = np.asarray(X.data[:nnz], np.float32)
     if nnz and (indices.min() < 0 or indices.max() >= f):
         raise ValueError(f"{who}: column indices outside [0, {f})")
+    indices = indices.astype(np.int32, copy=False)
     if not np.all(np.isfinite(data)):
         raise ValueError(f"{who}: non-finite values")
-    if nnz > 1:
-        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-        keys = np.sort(rows * f + indices)
+    for first, stop in _row_chunks(indptr):
+        a, b = indptr[first], indptr[stop]
+        if b - a < 2:
+            continue
+        rows = np.repeat(np.arange(first, stop, dtype=np.int64), np.diff(indptr[first:stop + 1]))
+        keys = np.sort(rows * f + indices[a:b])
         if np.any(np.diff(keys) == 0):
             raise ValueError(f"{who}: a row holds the same column twice (call "
                              "sum_duplicates() first; scipy's product order then changes)")
@@ -165,18 +193,28 @@ def storage_order_is_global(indptr: np.ndarray, indices: np.ndarray, num_cols: i
     """Whether one total order of the columns agrees with every row's storage order: the directed
     graph with an edge a -> b whenever column a is stored right before column b in a row is
     acyclic (then a topological order is such an order, and any two rows list the columns they
-    share in the same relative order). O(nnz) time and memory (scipy's strong components)."""
+    share in the same relative order). O(nnz) time; memory O(distinct edges) (collected in chunks
+    of rows, then scipy's strong components)."""
     from scipy.sparse.csgraph import connected_components
 
-    nnz = int(indptr[-1])
-    if nnz < 2 or num_cols < 2:
+    indptr = np.asarray(indptr, np.int64)
+    if int(indptr[-1]) < 2 or num_cols < 2:
         return True
-    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
-    same = rows[1:] == rows[:-1]
-    src, dst = indices[:-1][same], indices[1:][same]
-    if len(src) == 0:
+    edges = []
+    for first, stop in _row_chunks(indptr):
+        a, b = indptr[first], indptr[stop]
+        if b - a < 2:
+            continue
+        cols = np.asarray(indices[a:b], np.int64)
+        keep = np.ones(b - a - 1, bool)   # pair (e, e + 1) within one row: e + 1 starts no row
+        starts = indptr[first + 1:stop] - a
+        keep[starts[(starts > 0) & (starts < b - a)] - 1] = False
+        edges.append(np.unique(cols[:-1][keep] * num_cols + cols[1:][keep]))
+    keys = np.unique(np.concatenate(edges)) if edges else np.zeros(0, np.int64)
+    if len(keys) == 0:
         return True
-    graph = sp.csr_matrix((np.ones(len(src), np.int8), (src, dst)), shape=(num_cols, num_cols))
+    src, dst = np.divmod(keys, num_cols)
+    graph = sp.csr_matrix((np.ones(len(keys), np.int8), (src, dst)), shape=(num_cols, num_cols))
     count, _ = connected_components(graph, directed=True, connection="strong")
     return count == num_cols  # acyclic iff every strong component is one column (no self loops:
     # a self loop would be a column stored twice in a row, rejected before)
@@ -241,7 +279,7 @@ class CSRRows:
         lens = np.diff(indptr)
         width = max(int(lens.max()) if n else 0, 1)
         gather = -(-width // _UNROLL) * _UNROLL
-        if nnz + gather >= np.iinfo(np.int32).max:
+        if nnz + gather > _MAX_OFFSET:
             raise ValueError(f"{who}: nnz = {nnz} (+ {gather} padding) does not fit int32 offsets "
                              "(JAX's default integers); split the matrix")
         radius, rbar, csls = _check_radius(radius, n, who)
@@ -249,7 +287,7 @@ class CSRRows:
             ordered = storage_order_is_global(indptr, indices, f)
         table = jnp.asarray(ROUND_TABLE) if round_table is None else round_table
         return cls(indptr=jnp.asarray(indptr.astype(np.int32)),
-                   indices=jnp.asarray(np.concatenate([indices, np.zeros(gather, np.int64)]).astype(np.int32)),
+                   indices=jnp.asarray(np.concatenate([indices, np.zeros(gather, np.int32)])),
                    data=jnp.asarray(np.concatenate([data, np.zeros(gather, np.float32)])),
                    radius=jnp.asarray(radius, jnp.float32), rbar=jnp.asarray(rbar, jnp.float32),
                    round_table=table, num_cols=int(f), width=width, csls=csls, ordered=bool(ordered))
@@ -455,13 +493,12 @@ def abs_groups(X: sp.spmatrix, radius: np.ndarray | None = None, round_table: ja
     who = "abs_groups"
     n, f, indptr, indices, data = _check_csr(X, who)
     radius, rbar, csls = _check_radius(radius, n, who)
-    index32 = indices.astype(np.int32)
     seen: dict[bytes, int] = {}
     group = np.empty(n, np.int32)
     first = []
     for i in range(n):
         a, b = indptr[i], indptr[i + 1]
-        key = index32[a:b].tobytes() + data[a:b].tobytes()  # equal keys: equal rows, same order
+        key = indices[a:b].tobytes() + data[a:b].tobytes()  # equal keys: equal rows, same order
         gid = seen.get(key)
         if gid is None:
             gid = seen[key] = len(first)
