@@ -469,7 +469,8 @@ def test_checks_in_chunks_and_offset_limit(monkeypatch):
     X = _shuffled_csr(7)
     Xs = X.copy()
     Xs.sort_indices()
-    dup = sp.csr_matrix((np.ones(5, np.float32), np.array([0, 1, 2, 4, 2]), np.array([0, 2, 2, 5])), shape=(3, 5))  # row 2: column 2 twice
+    # row 2 stores column 2 twice (row 1 is empty)
+    dup = sp.csr_matrix((np.ones(5, np.float32), np.array([0, 1, 2, 4, 2]), np.array([0, 2, 2, 5])), shape=(3, 5))
     for chunk in (1, 3, 1 << 22):
         monkeypatch.setattr(fr, "_CHECK_CHUNK", chunk)
         assert not CSRRows.from_csr(X).ordered and CSRRows.from_csr(Xs).ordered
