@@ -152,7 +152,7 @@ def cold_start(s_full: jax.Array, env_index: jax.Array, excluded: jax.Array, cap
     rep_list = reps[jnp.argsort(~has_rep, stable=True)]        # environment order, -1s last
     is_rep = jnp.zeros((n,), bool).at[jnp.where(has_rep, reps, n)].set(True, mode="drop")
     many = num_reps > B
-    dtype = s_full.dtype
+    dtype = jnp.dtype(getattr(s_full, "dtype", jnp.float32))   # a source without one gives float32
 
     def pick(k, carry):
         batch, relaxed, feasible, in_batch, glob, within, count = carry

@@ -25,10 +25,11 @@ Each node carries its penalty and the number of picks it includes (``fresh_at``)
 the argmax of the bounds; if that node's penalty is current, no other node can beat it (its
 bound is its exact score, every other exact score is at most its bound, and a lower-indexed
 node with an equal bound would have been the argmax), so it is the dense path's pick. Otherwise
-the ``refresh`` candidates with the largest bounds get their exact penalties (one
-``block(batch, candidates)`` call) and the argmax is taken again. Every loop refreshes the argmax
-itself, so it terminates; the usual cost is one or two refreshes of ``refresh`` x k entries per
-pick instead of an N-entry row. All other per-pick work (caps, masks, argmax) is the dense
+the ``refresh`` candidates with the largest bounds are brought up to date (for each pick one of
+them lacks, one ``block([pick], candidates)`` row; ``max`` is exact, so adding picks one at a time
+gives the dense path's penalty) and the argmax is taken again. Every round refreshes the argmax
+itself, so it terminates; a candidate refreshed at the previous pick lacks only that pick, so
+the usual cost is one or two rows of ``refresh`` entries per pick instead of an N-entry row. All other per-pick work (caps, masks, argmax) is the dense
 path's O(N) vector work, with ``lax.top_k`` in place of ``argmax`` (XLA's CPU argmax is a
 variadic reduction, 3x slower than its top-k at N = 10^6; top-k breaks ties by the lower index
 too, and ``+ 0.0`` maps -0.0 to +0.0 so that they tie as in a float comparison).
@@ -87,7 +88,6 @@ def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.A
     rules = K.pick_rules(state, prog_excluded, env_index, config)
     ids = jnp.arange(n, dtype=jnp.int32)
     refresh = min(refresh, n)
-    slots = jnp.arange(B, dtype=jnp.int32)
 
     def pick(coverage: bool):
         base = q if coverage else gain
@@ -97,7 +97,6 @@ def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.A
             eligible, level = rules.eligible(in_batch, cnt, coverage)
             ok = eligible.any()
             mask = rules.coverage_mask(eligible, cnt) if coverage else eligible
-            picks = jnp.where(slots < k, batch, -1)        # the batch so far (-1: infeasible or later)
 
             def bounds(pen):
                 return jnp.where(mask, base - pen, -jnp.inf)
@@ -110,9 +109,15 @@ def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.A
                 pen, fresh_at, _ = state_
                 stale = jnp.where(fresh_at < k, bounds(pen), -jnp.inf)
                 _, cand = jax.lax.top_k(stale + 0.0, refresh)
-                s = sim.block(picks, cand).astype(dtype)                         # [B, refresh]
-                new_pen = jnp.maximum(jnp.where(picks[:, None] >= 0, config.lambda_sim * s, 0.0).max(0), 0.0)
-                pen = pen.at[cand].set(new_pen)
+                since = fresh_at[cand]                     # each candidate lacks picks since..k - 1
+
+                def add_pick(m, cand_pen):   # one similarity row: pick m against the candidates
+                    s = sim.block(batch[m][None], cand)[0].astype(dtype)
+                    return jnp.where((since <= m) & (batch[m] >= 0),
+                                     jnp.maximum(cand_pen, config.lambda_sim * s), cand_pen)
+
+                cand_pen = jax.lax.fori_loop(jnp.min(since), k, add_pick, pen[cand])
+                pen = pen.at[cand].set(cand_pen)
                 fresh_at = fresh_at.at[cand].set(k)
                 return pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)
 
@@ -149,6 +154,12 @@ def observe_update(state: K.EnvSchedState, batch: jax.Array, rewards: jax.Array,
     are left as zeros."""
     rows = new_rows(state, batch)
     members = env_members[env_index[jnp.maximum(batch, 0)]]                              # [B, M]
-    member_rows = jax.lax.map(lambda rc: sim.block(rc[0][None], rc[1])[0], (rows, members))
+
+    def member_row(rc):   # nodes seen before are skipped (a cond: most rows late in a run)
+        row, cols = rc
+        return jax.lax.cond(row >= 0, lambda: sim.block(row[None], cols)[0].astype(jnp.float32),
+                            lambda: jnp.zeros(cols.shape, jnp.float32))
+
+    member_rows = jax.lax.map(member_row, (rows, members))
     return K.observe_update(state, batch, rewards, None, sim.abs_rows(rows), env_index, config,
                             env_members=env_members, s_full_member_rows=member_rows)
