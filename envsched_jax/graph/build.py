@@ -12,6 +12,12 @@ Two outputs, for two scales:
   environment by ``S_full`` and of other environments by ``S_abs``, computed in row blocks so that
   memory stays bounded by ``block_size x N`` floats.
 
+At very large N (1,000,000 tasks) the in-memory ``Pool`` itself outgrows the machine (about
+13 KB of Python objects per generated task), so :func:`build_graph_stream` builds the same graph
+from a pool produced environment by environment (:class:`PoolSource`, e.g.
+``envsched_jax.pool.generator.generated_pool_stream``), keeping only what the graph holds;
+``build_graph(pool)`` runs the same code over the in-memory pool.
+
 Two options beyond the paper, both off by default (so the default graph is the paper's):
 
 - ``semantic_view``: a dense sentence-embedding view of the instruction
