@@ -49,8 +49,8 @@ class Args:
     """Steps run before timing (the cold start included)."""
     timed_steps: int = 10
     """Steps timed after the history (median reported)."""
-    refresh: int = 32
-    """EnvSched's ``refresh`` (candidates per penalty refresh of the lazy greedy)."""
+    refresh: int = 8
+    """EnvSched's ``refresh`` (candidates per round within the exploitation shortlist)."""
     graph_dir: Path | None = None
     """Keep the built graphs here and reuse them (a 10^6-task build takes many minutes); None: a
     temporary folder."""

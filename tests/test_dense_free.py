@@ -21,14 +21,14 @@ from envsched_jax.sched.dense_free import DenseSimilarity, select_batch_lazy
 from sched_helpers import random_graph, reward_groups
 
 
-@functools.partial(jax.jit, static_argnames=("static", "num_envs", "lazy", "refresh"))
-def _select(state, hyper, s_full, env, *, static, num_envs, lazy, refresh=8):
+@functools.partial(jax.jit, static_argnames=("static", "num_envs", "lazy", "refresh", "shortlist", "rows"))
+def _select(state, hyper, s_full, env, *, static, num_envs, lazy, refresh=8, shortlist=4096, rows=1):
     config = KernelConfig(static, hyper)
     scores = K.score_pass(state, config)
     progress = K.progress_filter(state, env, num_envs, config)
     if lazy:
         return select_batch_lazy(state, scores.q, progress.excluded, DenseSimilarity(s_full), env, config,
-                                 refresh=refresh)
+                                 refresh=refresh, shortlist=shortlist, rows_per_call=rows)
     return K.select_batch(state, scores.q, progress.excluded, s_full, env, config)
 
 
@@ -58,13 +58,16 @@ def test_lazy_selection_is_the_dense_selection(trial):
             args = (sched.state, sched._hyper, sched._s_full, sched._env)
             kw = dict(static=cfg.static(), num_envs=sched._num_envs)
             want = _select(*args, lazy=False, **kw)
-            for refresh in (1, 3, 64):
-                got = _select(*args, lazy=True, refresh=refresh, **kw)
+            # a shortlist of 2 or 5 forces the fallback to rounds over all N; 3 rows per call
+            # reads picks in blocks that straddle the ones a candidate lacks
+            for refresh, shortlist, rows in ((1, 4096, 1), (3, 5, 3), (8, 2, 1), (64, 64, 4)):
+                got = _select(*args, lazy=True, refresh=refresh, shortlist=shortlist, rows=rows, **kw)
                 for name, a, b in zip(K.Selection._fields, want, got):
-                    np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=f"step {t} {name} refresh {refresh}")
+                    np.testing.assert_array_equal(np.asarray(b), np.asarray(a),
+                                                  err_msg=f"step {t} {name} {refresh} {shortlist} {rows}")
                 compared += 1
         sched.observe(t, nodes, reward_groups(rng, len(nodes), 4))
-    assert compared == 19 * 3
+    assert compared == 19 * 4
 
 
 @pytest.mark.parametrize("trial", range(3))

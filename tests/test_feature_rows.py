@@ -480,3 +480,25 @@ def test_checks_in_chunks_and_offset_limit(monkeypatch):
     monkeypatch.setattr(fr, "_MAX_OFFSET", X.nnz + 8)
     with pytest.raises(ValueError, match="int32 offsets"):
         CSRRows.from_csr(X)
+
+
+def test_prepared_maps_give_block_similarity(graph, rows):
+    """query_maps / column_data / block_from_maps (what the dense-free selection uses: each pick's
+    map built once) equal block_similarity and the dense matrix, -1 padding included, ordered and
+    general summation paths."""
+    from envsched_jax.graph.feature_rows import CSRRows, block_from_maps, column_data, query_maps
+
+    rng = np.random.default_rng(11)
+    q = np.concatenate([rng.choice(N, 6, replace=False), [-1]]).astype(np.int32)
+    c = np.concatenate([rng.choice(N, 40, replace=False), q[:2], [-1]]).astype(np.int32)
+    which = np.array([3, 0, 6, 3], np.int32)
+    concrete = stack_views([graph.features[v] for v in graph.config.concrete_weights()],
+                           list(graph.config.concrete_weights().values()))
+    for ordered in (True, False):
+        csr = CSRRows.from_csr(concrete, ordered=ordered)
+        maps = query_maps(csr, jnp.asarray(q))
+        got = np.asarray(jax.jit(block_from_maps)(csr, maps, jnp.asarray(c), column_data(csr, jnp.asarray(c)),
+                                                  jnp.asarray(which)))
+        want = np.where((q[which][:, None] >= 0) & (c[None, :] >= 0),
+                        graph.s_full[np.maximum(q[which], 0)][:, np.maximum(c, 0)], 0.0)
+        np.testing.assert_array_equal(got, want.astype(np.float32))

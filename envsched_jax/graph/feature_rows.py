@@ -359,6 +359,71 @@ def _raw_sums(rows: CSRRows, q: jax.Array, cdata) -> jax.Array:
     return _sequential_sum(x, length)
 
 
+class QueryMaps(NamedTuple):
+    """Query rows prepared once for many blocks (:func:`query_maps`): the value map of each row
+    over the F columns (and its position map when the rows are not ``ordered``). A pytree: it can
+    be carried through loops, e.g. the batch's rows through the greedy selection."""
+
+    q: jax.Array        # [R] int32 node indices (-1: padding)
+    vmap: jax.Array     # [R, F + 1] float32: row q[r]'s value at each column (0 where absent)
+    pmap: jax.Array     # [R, F + 1] int32: its storage position (G where absent); [R, 0] if ordered
+    length: jax.Array   # [R] int32: row lengths
+
+
+def query_maps(rows: CSRRows, q: jax.Array) -> QueryMaps:
+    """The value (and position) maps of query rows ``q`` [R] (-1: padding, an all-zero map)."""
+    q = jnp.asarray(q, jnp.int32).reshape(-1)
+    f, g = rows.num_cols, rows.gather_width
+    qc, qv, ql = _gather_rows(rows, jnp.where(q < rows.num_nodes, q, -1))
+    r = jnp.arange(q.shape[0])[:, None]
+    vmap = jnp.zeros((q.shape[0], f + 1), jnp.float32).at[r, qc].set(qv)
+    if rows.ordered:
+        pmap = jnp.zeros((q.shape[0], 0), jnp.int32)
+    else:
+        p = jnp.arange(g, dtype=jnp.int32)[None, :]
+        pmap = jnp.full((q.shape[0], f + 1), g, jnp.int32).at[r, qc].set(jnp.where(p < ql[:, None], p, g))
+    return QueryMaps(q, vmap, pmap, ql)
+
+
+def column_data(rows: CSRRows, c: jax.Array):
+    """The gathered entries of column nodes ``c`` [C] (-1: padding), for :func:`block_from_maps`."""
+    c = jnp.asarray(c, jnp.int32).reshape(-1)
+    return _gather_rows(rows, jnp.where(c < rows.num_nodes, c, -1))
+
+
+def block_from_maps(rows: CSRRows, maps: QueryMaps, c: jax.Array, cdata, which: jax.Array | None = None) -> jax.Array:
+    """:func:`block_similarity` ``(rows, maps.q[which], c)`` from prepared query maps and column
+    data (:func:`query_maps`, :func:`column_data`): the same finished [W, C] entries, without
+    building a value map per call. ``which`` (default: all) indexes the prepared rows; the maps
+    are read in place (gathers), never sliced out (a copy of F entries per row)."""
+    c = jnp.asarray(c, jnp.int32).reshape(-1)
+    which = jnp.arange(maps.q.shape[0]) if which is None else jnp.asarray(which, jnp.int32).reshape(-1)
+    cc, cv, cl = cdata
+    g = rows.gather_width
+
+    def one(k):
+        prods = maps.vmap[k, cc] * cv                                   # [C, G], row j's order
+        pos = maps.pmap[k, cc]
+        x = jnp.zeros(prods.shape, jnp.float32).at[jnp.arange(prods.shape[0])[:, None], pos].set(
+            prods, mode="drop")
+        x = jax.lax.optimization_barrier(x)
+        return _sequential_sum(x, jnp.minimum(maps.length[k], g))
+
+    if rows.ordered:   # every row at once: one summation loop over [W, C] sums
+        prods = maps.vmap[which[:, None, None], cc[None]] * cv[None]     # [W, C, G], row j's order
+        raw = _sequential_sum(jax.lax.optimization_barrier(prods), jnp.minimum(jnp.max(cl, initial=0), g))
+    else:
+        raw = one(which[0])[None] if which.shape[0] == 1 else jax.lax.map(one, which)
+    s = _finish(raw, rows.round_table)
+    n = rows.num_nodes
+    q = maps.q[which]
+    qv, cv_ = jnp.where(q < n, q, -1), jnp.where(c < n, c, -1)
+    s = _diag_csls(s, q[:, None] == c[None, :], rows.radius[jnp.maximum(qv, 0)][:, None],
+                   rows.radius[jnp.maximum(cv_, 0)][None, :], rows.rbar, rows.csls, rows.round_table)
+    s = jnp.where((q[:, None] >= 0) & (c[None, :] >= 0), s, jnp.float32(0.0))
+    return jnp.where((q[:, None] >= n) | (c[None, :] >= n), jnp.float32(jnp.nan), s)
+
+
 def _finish(x: jax.Array, table: jax.Array) -> jax.Array:
     """``_finish_block``: clip into [0, 1], then numpy's float32 ``round(x, 6)`` (module docstring, 4)."""
     x = jnp.clip(x, jnp.float32(0.0), jnp.float32(1.0))
@@ -690,6 +755,18 @@ class GraphSimilarity:
 
     def block(self, rows: jax.Array, cols: jax.Array) -> jax.Array:
         return block_similarity(self.full, rows, cols)
+
+    def prepare_rows(self, rows: jax.Array) -> QueryMaps:
+        """``S_full`` query rows prepared for :meth:`block_prepared` (:func:`query_maps`)."""
+        return query_maps(self.full, rows)
+
+    def prepare_cols(self, cols: jax.Array):
+        return column_data(self.full, cols)
+
+    def block_prepared(self, maps: QueryMaps, which: jax.Array, cols: jax.Array, cdata) -> jax.Array:
+        """:meth:`block` of prepared rows ``which`` (indices into ``maps``) and prepared columns:
+        the same entries."""
+        return block_from_maps(self.full, maps, cols, cdata, which)
 
     def abs_rows(self, rows: jax.Array) -> jax.Array:
         if self.abs_grouped is not None:

@@ -8,6 +8,10 @@ its ``S_full`` and ``S_abs`` rows. At 10^5 - 10^6 tasks those matrices cannot ex
 
 - ``block(rows [R], cols [C]) -> [R, C]``: ``S_full[rows[r], cols[c]]``, 0 where an index is -1;
 - ``abs_rows(rows [R]) -> [R, N]``: whole rows of ``S_abs``, zeros for a -1 row;
+- ``prepare_rows(rows [R])`` -> a pytree with leading axis R, ``prepare_cols(cols [C])`` -> any
+  pytree, and ``block_prepared(prepared_rows, which [W], cols, prepared_cols)`` =
+  ``block(rows[which], cols)``: the selection prepares each pick's row once (e.g. its value map
+  over the feature columns, kept for the whole batch) and the candidates' columns once per round;
 - ``num_nodes`` and ``dtype`` (of the values);
 
 all jit-compatible (a source is a pytree passed into the compiled step). :class:`DenseSimilarity` wraps the dense matrices (tests, small pools);
@@ -25,14 +29,24 @@ Each node carries its penalty and the number of picks it includes (``fresh_at``)
 the argmax of the bounds; if that node's penalty is current, no other node can beat it (its
 bound is its exact score, every other exact score is at most its bound, and a lower-indexed
 node with an equal bound would have been the argmax), so it is the dense path's pick. Otherwise
-the ``refresh`` candidates with the largest bounds are brought up to date (for each pick one of
-them lacks, one ``block([pick], candidates)`` row; ``max`` is exact, so adding picks one at a time
-gives the dense path's penalty) and the argmax is taken again. Every round refreshes the argmax
-itself, so it terminates; a candidate refreshed at the previous pick lacks only that pick, so
-the usual cost is one or two rows of ``refresh`` entries per pick instead of an N-entry row. All other per-pick work (caps, masks, argmax) is the dense
-path's O(N) vector work, with ``lax.top_k`` in place of ``argmax`` (XLA's CPU argmax is a
-variadic reduction, 3x slower than its top-k at N = 10^6; top-k breaks ties by the lower index
-too, and ``+ 0.0`` maps -0.0 to +0.0 so that they tie as in a float comparison).
+a *round* brings candidates of largest bound up to date (for each pick one of them lacks, one
+similarity row; ``max`` is exact, so adding picks one at a time gives the dense path's penalty)
+and the argmax is taken again. Every round refreshes the argmax itself, so the rounds end. The
+rounds of an exploitation pick first run within a shortlist of the largest gains
+(:func:`select_batch_lazy`), in O(L) each; coverage picks and the fallback run them over all N.
+Each pick's own feature row is prepared once (``prepare_rows``: its value map over the feature
+columns) and kept for the batch. The other per-pick work (caps, masks, argmax) is the dense
+path's O(N) vector work, with ``lax.top_k(x, 1)`` in place of ``argmax`` (XLA's CPU argmax is a
+variadic reduction, 3x slower than top-1 at N = 10^6; top-k breaks ties by the lower index too,
+and ``+ 0.0`` maps -0.0 to +0.0 so that they tie as in a float comparison).
+
+Cost (measured, ``experiments/bench_dense_free.py``; README): the work is the number of
+(pick, candidate) similarity entries the rounds need, which grows with how many nodes score
+within the penalty's range of the best. At N = 2,550 that is ~6,000 entries per step; at
+100,000 ~66,000 plus ~2,500 rounds over all N (mostly coverage picks among the many
+never-observed nodes of never-visited environments, whose scores nearly tie): the step is
+slower than the dense path wherever both run, and this path is for pools whose dense matrices
+do not fit.
 
 The observation update is :func:`~envsched_jax.sched.kernels.observe_update` fed with the new
 nodes' ``S_full`` entries on their environment's members only and their ``S_abs`` rows. The cold
@@ -71,6 +85,15 @@ class DenseSimilarity:
     def abs_rows(self, rows: jax.Array) -> jax.Array:
         return jnp.where(rows[:, None] >= 0, self.s_abs[jnp.maximum(rows, 0)], 0.0)
 
+    def prepare_rows(self, rows: jax.Array) -> jax.Array:
+        return rows
+
+    def prepare_cols(self, cols: jax.Array) -> jax.Array:
+        return cols
+
+    def block_prepared(self, rows: jax.Array, which: jax.Array, cols: jax.Array, cdata) -> jax.Array:
+        return self.block(rows[which], cols)
+
 
 def _argmax(x: jax.Array) -> jax.Array:
     """Index of the largest value, the lower index among equals (module docstring)."""
@@ -78,67 +101,140 @@ def _argmax(x: jax.Array) -> jax.Array:
 
 
 def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.Array, sim,
-                      env_index: jax.Array, config, *, refresh: int = 32) -> K.Selection:
+                      env_index: jax.Array, config, *, refresh: int = 8, rows_per_call: int = 1,
+                      shortlist: int = 4096) -> K.Selection:
     """:func:`~envsched_jax.sched.kernels.select_batch` with the penalty evaluated lazily from
-    ``sim.block`` (module docstring): the same batch, phases and relaxation levels."""
+    ``sim`` (module docstring): the same batch, phases and relaxation levels.
+
+    Rounds (bring candidates up to date, take the argmax again) run in two places:
+
+    - exploitation picks first run them within a *shortlist*: the ``shortlist`` nodes of largest
+      gain among those eligible when the exploitation phase starts (one ``top_k`` outside the
+      loop). Eligibility only shrinks as the batch fills, and a bound never exceeds the gain, so
+      no node outside the list can beat the list's L-th gain: a pick whose best in-list node is
+      current and strictly above it is accepted there, in O(L) per round (``refresh`` candidates
+      per round). Otherwise (or for a relaxed pick, whose candidates may be new) the rounds
+      continue over all N;
+    - over all N (coverage picks, and the fallback): one candidate per round, found with
+      ``top_k(x, 1)``. CHOICE: on XLA's CPU backend ``top_k`` with k > 1 inside a loop lowers
+      to a full sort (measured 20 ms per call at N = 100,000, against 0.17 ms for k = 1).
+
+    ``rows_per_call``: picks per ``block_prepared`` call. Speed only: every setting gives the same
+    batch (tested)."""
     n = q.shape[0]
     B, b_cov = config.batch_size, config.num_coverage
     dtype = q.dtype
     gain = K.exploitation_gain(state, q, config)
     rules = K.pick_rules(state, prog_excluded, env_index, config)
     ids = jnp.arange(n, dtype=jnp.int32)
-    refresh = min(refresh, n)
+    L = min(max(shortlist, 1), n)
+    refresh = min(refresh, L)
 
-    def pick(coverage: bool):
+    def penalties(k, batch, prepared, cand_pen, since, cand):
+        """Exact penalties of nodes ``cand`` against the first k picks, from their penalties
+        ``cand_pen`` against the first ``since`` picks (only the picks each lacks are read)."""
+        cols = sim.prepare_cols(cand)
+
+        def add_picks(c, cand_pen):   # picks c*R .. c*R + R - 1 against the candidates
+            m = c * rows_per_call + jnp.arange(rows_per_call)
+            m_safe = jnp.minimum(m, B - 1)
+            s = sim.block_prepared(prepared, m_safe, cand, cols).astype(dtype)   # [R, C]
+            need = (m[:, None] < k) & (since[None, :] <= m[:, None]) & (batch[m_safe] >= 0)[:, None]
+            return jnp.maximum(cand_pen, jnp.where(need, config.lambda_sim * s, 0.0).max(0))
+
+        return jax.lax.fori_loop(jnp.min(since) // rows_per_call, (k + rows_per_call - 1) // rows_per_call,
+                                 add_picks, cand_pen)
+
+    def global_rounds(k, batch, prepared, pen, fresh_at, bounds, ok):
+        """Rounds over all N, one candidate each, until the argmax is current."""
+        def go(st):
+            pen, fresh_at, i = st
+            return ok & (fresh_at[i] < k)
+
+        def round_(st):
+            pen, fresh_at, _ = st
+            cand = _argmax(jnp.where(fresh_at < k, bounds(pen), -jnp.inf))[None]
+            cand_pen = penalties(k, batch, prepared, pen[cand], fresh_at[cand], cand)
+            pen, fresh_at = pen.at[cand].set(cand_pen), fresh_at.at[cand].set(k)
+            return pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)
+
+        return jax.lax.while_loop(go, round_, (pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)))
+
+    def pick(coverage: bool, short=None, thr=None):
         base = q if coverage else gain
 
         def body(k, carry):
-            batch, phase, relaxed, feasible, in_batch, cnt, pen, fresh_at = carry
+            batch, phase, relaxed, feasible, in_batch, cnt, pen, fresh_at, prepared = carry
             eligible, level = rules.eligible(in_batch, cnt, coverage)
             ok = eligible.any()
             mask = rules.coverage_mask(eligible, cnt) if coverage else eligible
 
             def bounds(pen):
-                return jnp.where(mask, base - pen, -jnp.inf)
+                return jnp.where(mask, base - pen, -jnp.inf) + 0.0
 
-            def stale_best(state_):
-                pen, fresh_at, i = state_
-                return ok & (fresh_at[i] < k)
+            if coverage:
+                pen, fresh_at, i = global_rounds(k, batch, prepared, pen, fresh_at, bounds, ok)
+            else:
+                # Rounds within the shortlist, on list-local copies (O(L) per round).
+                def list_best(sb, lfresh):
+                    best = jnp.max(sb)
+                    at = jnp.argmin(jnp.where(sb == best, short, n))   # ties: the lower node index
+                    return best, short[at], lfresh[at] == k
 
-            def refresh_top(state_):
-                pen, fresh_at, _ = state_
-                stale = jnp.where(fresh_at < k, bounds(pen), -jnp.inf)
-                _, cand = jax.lax.top_k(stale + 0.0, refresh)
-                since = fresh_at[cand]                     # each candidate lacks picks since..k - 1
+                def list_go(st):
+                    lpen, lfresh, sb = st
+                    best, _, fresh = list_best(sb, lfresh)
+                    return ok & (level == 0) & ~fresh & (best > thr)
 
-                def add_pick(m, cand_pen):   # one similarity row: pick m against the candidates
-                    s = sim.block(batch[m][None], cand)[0].astype(dtype)
-                    return jnp.where((since <= m) & (batch[m] >= 0),
-                                     jnp.maximum(cand_pen, config.lambda_sim * s), cand_pen)
+                def list_round(st):
+                    lpen, lfresh, sb = st
+                    stale = jnp.where(lfresh < k, sb, -jnp.inf)
+                    at = (_argmax(stale)[None] if refresh == 1 else jax.lax.top_k(stale, refresh)[1])
+                    cand = short[at]
+                    cand_pen = penalties(k, batch, prepared, lpen[at], lfresh[at], cand)
+                    sb = sb.at[at].set(jnp.where(mask[cand], base[cand] - cand_pen, -jnp.inf) + 0.0)
+                    return lpen.at[at].set(cand_pen), lfresh.at[at].set(k), sb
 
-                cand_pen = jax.lax.fori_loop(jnp.min(since), k, add_pick, pen[cand])
-                pen = pen.at[cand].set(cand_pen)
-                fresh_at = fresh_at.at[cand].set(k)
-                return pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)
-
-            pen, fresh_at, i = jax.lax.while_loop(
-                stale_best, refresh_top, (pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)))
+                lpen, lfresh = pen[short], fresh_at[short]
+                sb = jnp.where(mask[short], base[short] - lpen, -jnp.inf) + 0.0
+                lpen, lfresh, sb = jax.lax.while_loop(list_go, list_round, (lpen, lfresh, sb))
+                pen, fresh_at = pen.at[short].set(lpen), fresh_at.at[short].set(lfresh)
+                best, node, fresh = list_best(sb, lfresh)
+                accepted = ok & (level == 0) & fresh & (best > thr)
+                pen, fresh_at, i = jax.lax.cond(
+                    accepted, lambda pen, fresh_at: (pen, fresh_at, node.astype(jnp.int32)),
+                    lambda pen, fresh_at: global_rounds(k, batch, prepared, pen, fresh_at, bounds, ok),
+                    pen, fresh_at)
             e = env_index[i]
-            return (batch.at[k].set(jnp.where(ok, i, -1)),
+            picked = jnp.where(ok, i, -1)
+            prepared = jax.tree_util.tree_map(lambda a, b: a.at[k].set(b[0]), prepared,
+                                              sim.prepare_rows(picked[None]))
+            return (batch.at[k].set(picked),
                     phase.at[k].set(1 if coverage else 2),
                     relaxed.at[k].set(level),
                     feasible.at[k].set(ok),
                     in_batch | ((ids == i) & ok),
                     cnt + ((env_index == e) & ok).astype(jnp.int32),
-                    pen, fresh_at)
+                    pen, fresh_at, prepared)
         return body
 
     carry = (jnp.full((B,), -1, jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32),
              jnp.zeros((B,), bool), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32), jnp.zeros((n,), dtype),
-             jnp.zeros((n,), jnp.int32))
+             jnp.zeros((n,), jnp.int32), sim.prepare_rows(jnp.full((B,), -1, jnp.int32)))
     carry = jax.lax.fori_loop(0, b_cov, pick(True), carry)
-    batch, phase, relaxed, feasible, *_ = jax.lax.fori_loop(b_cov, B, pick(False), carry)
+    # The exploitation shortlist: the L largest gains among the nodes eligible now (unrelaxed).
+    eligible0 = rules.eligible(carry[4], carry[5], False)[0] if config.infeasible != "relax" else \
+        _unrelaxed(rules, carry[4], carry[5])
+    top, short = jax.lax.top_k(jnp.where(eligible0, gain, -jnp.inf) + 0.0, L)
+    thr = top[L - 1] if L < n else -jnp.inf
+    batch, phase, relaxed, feasible, *_ = jax.lax.fori_loop(b_cov, B, pick(False, short, thr), carry)
     return K.Selection(batch, phase, relaxed, feasible)
+
+
+def _unrelaxed(rules, in_batch, cnt):
+    """The exploitation candidates before any relaxation (level 0), also under ``relax``."""
+    eligible, level = rules.eligible(in_batch, cnt, False)
+    return jnp.where(level == 0, eligible, False)
 
 
 def new_rows(state: K.EnvSchedState, batch: jax.Array) -> jax.Array:

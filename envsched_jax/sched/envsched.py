@@ -100,7 +100,7 @@ class EnvSched(Scheduler):
             them); ``"features"``: computed on demand from the graph's feature rows
             (:func:`envsched_jax.graph.feature_rows.graph_similarity`; memory O(N x features),
             nothing N x N); or a similarity source object itself (:mod:`.dense_free`).
-        refresh: candidates whose penalty a dense-free pick refreshes at once
+        refresh: candidates a dense-free exploitation pick brings up to date per round
             (:func:`.dense_free.select_batch_lazy`; speed only, never the batch).
     """
 
@@ -108,7 +108,7 @@ class EnvSched(Scheduler):
 
     def __init__(self, graph: PoolGraph, config: EnvSchedConfig | None = None, *, seed: int = 0,
                  tools_per_env: Sequence[Sequence[str]] | None = None, excluded: Iterable[str] = (),
-                 similarity="auto", refresh: int = 32, **overrides):
+                 similarity="auto", refresh: int = 8, **overrides):
         config = dataclasses.replace(config or EnvSchedConfig(), **overrides)
         super().__init__(graph, config.batch_size, config.group_size, tools_per_env)
         has_dense = graph.s_full is not None and graph.s_abs is not None
