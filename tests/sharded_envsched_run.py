@@ -32,8 +32,10 @@ B, K = 8, 4
 
 def main() -> None:
     assert len(jax.devices()) == NUM_DEVICES, jax.devices()
-    # N = 40 divides over 1, 4 and 8 devices; tasks 3 and 17 are identifier-filtered.
-    graph = random_graph(np.random.default_rng(4), num_envs=5, per_env=8, dtype=np.float32)
+    # N = 80 divides over 1, 4 and 8 devices, and one device's S_full shard (80 x 10 at 8 devices) is
+    # larger than the per-node tables the score pass gathers (80 x 8): the collectives test tells
+    # them apart. Tasks 3 and 17 are identifier-filtered.
+    graph = random_graph(np.random.default_rng(4), num_envs=5, per_env=16, dtype=np.float32)
     sched = EnvSched(graph, EnvSchedConfig(batch_size=B, group_size=K, step_capacity=16),
                      excluded=("t3", "t17"))
     if NUM_DEVICES > 1:

@@ -176,6 +176,16 @@ def _checkpoint_cases(name, graph, tmp_path):
         folder = saved("step-mismatch")
         _rewrite_header(folder, lambda h: h.update(next_step=4))
         cases.append(("step mismatch", folder, "state array 'step' is 3 but the header's next_step is 4"))
+        # neighbour lists out of observe's order (the score pass reads their medians by position)
+        folder = saved("nbr-order")
+
+        def swap_first_row_with_two(a):
+            row = int(np.argmax((a["nbr_cross"] >= 0).sum(1) >= 2))
+            assert (a["nbr_cross"][row, :2] >= 0).all() and a["nbr_cross_sim"][row, 0] > a["nbr_cross_sim"][row, 1]
+            a["nbr_cross"][row, :2] = a["nbr_cross"][row, 1::-1].copy()
+            a["nbr_cross_sim"][row, :2] = a["nbr_cross_sim"][row, 1::-1].copy()
+        _rewrite_arrays(folder, swap_first_row_with_two)
+        cases.append(("neighbour order", folder, "state array 'nbr_cross' row "))
     return cases
 
 

@@ -68,8 +68,10 @@ def test_no_collective_moves_the_similarity_matrix(runs, devices):
     # The partitioner did split the program (otherwise the check below says nothing): the greedy
     # picks reduce across devices.
     assert any(op == "all-reduce" for op, _ in select)
+    # Per-node tables do move (the score pass gathers the neighbours' (W, ybar) for both
+    # half-lives: 8 values per node); nothing as large as one device's shard of S_full does.
     largest = max(size for _, size in select + observe)
-    assert largest < n * n // devices, (largest, select, observe)
+    assert largest <= 8 * n < n * n // devices, (largest, select, observe)
 
 
 def test_node_count_must_divide_over_the_mesh():

@@ -36,9 +36,8 @@ rounds of an exploitation pick first run within a shortlist of the largest gains
 (:func:`select_batch_lazy`), in O(L) each; coverage picks and the fallback run them over all N.
 Each pick's own feature row is prepared once (``prepare_rows``: its value map over the feature
 columns) and kept for the batch. The other per-pick work (caps, masks, argmax) is the dense
-path's O(N) vector work, with ``lax.top_k(x, 1)`` in place of ``argmax`` (XLA's CPU argmax is a
-variadic reduction, 3x slower than top-1 at N = 10^6; top-k breaks ties by the lower index too,
-and ``+ 0.0`` maps -0.0 to +0.0 so that they tie as in a float comparison).
+path's O(N) vector work (:func:`~envsched_jax.sched.kernels.argmax_first`: top-1 in place of
+``argmax``, 3x faster at N = 10^6).
 
 Cost (measured, ``experiments/bench_dense_free.py``; README): the work is the number of
 (pick, candidate) similarity entries the rounds need, which grows with how many nodes score
@@ -95,11 +94,6 @@ class DenseSimilarity:
         return self.block(rows[which], cols)
 
 
-def _argmax(x: jax.Array) -> jax.Array:
-    """Index of the largest value, the lower index among equals (module docstring)."""
-    return jax.lax.top_k(x + 0.0, 1)[1][0]
-
-
 def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.Array, sim,
                       env_index: jax.Array, config, *, refresh: int = 8, rows_per_call: int = 1,
                       shortlist: int = 4096) -> K.Selection:
@@ -153,12 +147,12 @@ def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.A
 
         def round_(st):
             pen, fresh_at, _ = st
-            cand = _argmax(jnp.where(fresh_at < k, bounds(pen), -jnp.inf))[None]
+            cand = K.argmax_first(jnp.where(fresh_at < k, bounds(pen), -jnp.inf))[None]
             cand_pen = penalties(k, batch, prepared, pen[cand], fresh_at[cand], cand)
             pen, fresh_at = pen.at[cand].set(cand_pen), fresh_at.at[cand].set(k)
-            return pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)
+            return pen, fresh_at, K.argmax_first(bounds(pen)).astype(jnp.int32)
 
-        return jax.lax.while_loop(go, round_, (pen, fresh_at, _argmax(bounds(pen)).astype(jnp.int32)))
+        return jax.lax.while_loop(go, round_, (pen, fresh_at, K.argmax_first(bounds(pen)).astype(jnp.int32)))
 
     def pick(coverage: bool, short=None, thr=None):
         base = q if coverage else gain
@@ -189,7 +183,7 @@ def select_batch_lazy(state: K.EnvSchedState, q: jax.Array, prog_excluded: jax.A
                 def list_round(st):
                     lpen, lfresh, sb = st
                     stale = jnp.where(lfresh < k, sb, -jnp.inf)
-                    at = (_argmax(stale)[None] if refresh == 1 else jax.lax.top_k(stale, refresh)[1])
+                    at = (K.argmax_first(stale)[None] if refresh == 1 else jax.lax.top_k(stale, refresh)[1])
                     cand = short[at]
                     cand_pen = penalties(k, batch, prepared, lpen[at], lfresh[at], cand)
                     sb = sb.at[at].set(jnp.where(mask[cand], base[cand] - cand_pen, -jnp.inf) + 0.0)

@@ -246,3 +246,13 @@ class EnvSched(Scheduler):
         if int(arrays["step"]) != header["next_step"]:
             raise CheckpointError(f"{source}: state array 'step' is {int(arrays['step'])} but the header's "
                                   f"next_step is {header['next_step']}")
+        # The score pass reads each neighbour list's median at its position (kernels.neighbour_bandwidth):
+        # lists must hold valid entries first, in descending similarity, as observe keeps them.
+        for name in ("nbr_in", "nbr_cross"):
+            nbr, sim = arrays[name], arrays[f"{name}_sim"]
+            valid = nbr >= 0
+            bad = (~valid[:, :-1] & valid[:, 1:]) | (valid[:, 1:] & (sim[:, 1:] > sim[:, :-1]))
+            if bad.any():
+                row = int(np.argwhere(bad)[0, 0])
+                raise CheckpointError(f"{source}: state array '{name}' row {row} is not in observe's order "
+                                      f"(valid entries first, descending '{name}_sim')")
