@@ -21,15 +21,27 @@ from envsched_jax.sched.dense_free import DenseSimilarity, select_batch_lazy
 from sched_helpers import random_graph, reward_groups
 
 
-@functools.partial(jax.jit, static_argnames=("static", "num_envs", "lazy", "refresh", "shortlist", "rows"))
-def _select(state, hyper, s_full, env, *, static, num_envs, lazy, refresh=8, shortlist=4096, rows=1):
+@functools.partial(jax.jit, static_argnames=("static", "num_envs", "lazy", "tuning"))
+def _select(state, hyper, s_full, env, *, static, num_envs, lazy, tuning=()):
     config = KernelConfig(static, hyper)
     scores = K.score_pass(state, config)
     progress = K.progress_filter(state, env, num_envs, config)
     if lazy:
         return select_batch_lazy(state, scores.q, progress.excluded, DenseSimilarity(s_full), env, config,
-                                 refresh=refresh, shortlist=shortlist, rows_per_call=rows)
+                                 **dict(tuning))
     return K.select_batch(state, scores.q, progress.excluded, s_full, env, config)
+
+
+# Settings of the lazy selection (speed only): a shortlist of 2 or 5 forces the fallback to rounds
+# over all N; a candidate list of 3 forces rounds over all N after the first; one bisection step
+# gives poor thresholds; 3 or 7 pairs per call straddle the picks a candidate lacks; one
+# candidate per round is the plain lazy greedy.
+TUNINGS = (
+    dict(refresh=1, shortlist=4096, pairs_per_call=1, global_refresh=1),
+    dict(refresh=3, shortlist=5, pairs_per_call=3, global_refresh=2, candidates=3, bisect=1),
+    dict(refresh=8, shortlist=2, pairs_per_call=64),
+    dict(refresh=64, shortlist=64, pairs_per_call=7, global_refresh=5, candidates=16),
+)
 
 
 def _tied_graph(rng):
@@ -58,16 +70,13 @@ def test_lazy_selection_is_the_dense_selection(trial):
             args = (sched.state, sched._hyper, sched._s_full, sched._env)
             kw = dict(static=cfg.static(), num_envs=sched._num_envs)
             want = _select(*args, lazy=False, **kw)
-            # a shortlist of 2 or 5 forces the fallback to rounds over all N; 3 rows per call
-            # reads picks in blocks that straddle the ones a candidate lacks
-            for refresh, shortlist, rows in ((1, 4096, 1), (3, 5, 3), (8, 2, 1), (64, 64, 4)):
-                got = _select(*args, lazy=True, refresh=refresh, shortlist=shortlist, rows=rows, **kw)
+            for tuning in TUNINGS:
+                got = _select(*args, lazy=True, tuning=tuple(tuning.items()), **kw)
                 for name, a, b in zip(K.Selection._fields, want, got):
-                    np.testing.assert_array_equal(np.asarray(b), np.asarray(a),
-                                                  err_msg=f"step {t} {name} {refresh} {shortlist} {rows}")
+                    np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=f"step {t} {name} {tuning}")
                 compared += 1
         sched.observe(t, nodes, reward_groups(rng, len(nodes), 4))
-    assert compared == 19 * 4
+    assert compared == 19 * len(TUNINGS)
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -100,3 +109,74 @@ def test_similarity_argument_is_checked():
     no_dense = dataclasses.replace(graph, s_full=None, s_abs=None)
     with pytest.raises(ValueError, match="needs the graph's dense S_full"):
         EnvSched(no_dense, cfg, similarity="dense")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_true_is_nonzero(seed):
+    """first_true (two-level compaction) equals jnp.nonzero(size=..., fill_value=N): all-False,
+    all-True, sparse and dense masks, sizes below and above the number of Trues, N not a multiple
+    of the block."""
+    from envsched_jax.sched.dense_free import first_true
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 1200))
+    for density in (0.0, 0.003, 0.2, 1.0):
+        mask = rng.random(n) < density
+        for size in (1, 7, 64, n + 3):
+            for block in (16, 256):
+                got = np.asarray(jax.jit(first_true, static_argnums=(1, 2))(jnp.asarray(mask), size, block))
+                want = np.asarray(jnp.nonzero(jnp.asarray(mask), size=size, fill_value=n)[0])
+                np.testing.assert_array_equal(got, want, err_msg=f"n={n} density={density} size={size}")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shortlist_holds_everything_above_its_threshold(seed):
+    """_shortlist: at most ``size`` nodes, ascending, padded with N; every node left out has a value
+    at most ``thr``, every listed node at least it, and ``thr`` is the largest value left out
+    (ties at the top larger than the list and -inf entries included)."""
+    from envsched_jax.sched.dense_free import _shortlist
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 600))
+    g = np.round(rng.random(n), int(rng.integers(1, 4))).astype(np.float32)
+    g[rng.random(n) < 0.3] = -np.inf
+    if seed == 0:
+        g[:] = 0.5                       # one tie larger than every list
+    for size in (1, 4, 50, n):
+        for bisect in (1, 12):
+            short, thr = jax.jit(_shortlist, static_argnums=(1, 2))(jnp.asarray(g), size, bisect)
+            short, thr = np.asarray(short), float(thr)
+            real = short[short < n]
+            assert np.all(np.diff(real) > 0) and np.all(short[len(real):] == n)
+            out = np.setdiff1d(np.arange(n), real)
+            left = g[out][g[out] > -np.inf]
+            assert thr == (left.max() if left.size else -np.inf)
+            assert np.all(g[real] >= thr)
+
+
+def test_pairs_equal_block_entries():
+    """pairs_prepared (the penalty rounds' entries) equals block(): DenseSimilarity and the
+    feature-row source, -1 pads included, ordered and general summation paths."""
+    from envsched_jax.graph.build import GraphConfig, build_graph
+    from envsched_jax.graph.feature_rows import column_data, graph_similarity, pairs_from_maps, query_maps
+    from envsched_jax.pool.generator import generate_pool_of_size
+
+    graph = build_graph(generate_pool_of_size(300, seed=3), GraphConfig(dense="always"))
+    n = graph.num_nodes
+    rng = np.random.default_rng(5)
+    q = np.concatenate([rng.choice(n, 5, replace=False), [-1]]).astype(np.int32)
+    which = rng.integers(0, len(q), 40).astype(np.int32)
+    c = rng.integers(-1, n, 40).astype(np.int32)
+    c[:3] = q[which[:3]]                                                 # diagonal entries
+    want = np.where((q[which] >= 0) & (c >= 0), graph.s_full[np.maximum(q[which], 0), np.maximum(c, 0)], 0.0)
+    dense = DenseSimilarity(jnp.asarray(graph.s_full))
+    np.testing.assert_array_equal(np.asarray(dense.pairs_prepared(jnp.asarray(q), jnp.asarray(which),
+                                                                  jnp.asarray(c), None)), want)
+    src = graph_similarity(graph)
+    assert src.full.ordered       # scikit-learn's TF-IDF rows; False forces the general path
+    for ordered in (True, False):
+        csr = dataclasses.replace(src.full, ordered=ordered)
+        maps = query_maps(csr, jnp.asarray(q))
+        got = jax.jit(pairs_from_maps)(csr, maps, jnp.asarray(which), jnp.asarray(c),
+                                       column_data(csr, jnp.asarray(c)))
+        np.testing.assert_array_equal(np.asarray(got), want.astype(np.float32), err_msg=f"ordered={ordered}")

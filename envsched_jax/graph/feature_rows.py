@@ -414,14 +414,41 @@ def block_from_maps(rows: CSRRows, maps: QueryMaps, c: jax.Array, cdata, which: 
         raw = _sequential_sum(jax.lax.optimization_barrier(prods), jnp.minimum(jnp.max(cl, initial=0), g))
     else:
         raw = one(which[0])[None] if which.shape[0] == 1 else jax.lax.map(one, which)
+    return _finish_entries(rows, raw, maps.q[which][:, None], c[None, :])
+
+
+def _finish_entries(rows: CSRRows, raw: jax.Array, q: jax.Array, c: jax.Array) -> jax.Array:
+    """Finished entries from raw sums ``raw`` of query nodes ``q`` with column nodes ``c``
+    (broadcast against ``raw``): rounding, unit diagonal, CSLS, 0 where an index is -1, NaN where
+    one is out of range."""
     s = _finish(raw, rows.round_table)
     n = rows.num_nodes
-    q = maps.q[which]
     qv, cv_ = jnp.where(q < n, q, -1), jnp.where(c < n, c, -1)
-    s = _diag_csls(s, q[:, None] == c[None, :], rows.radius[jnp.maximum(qv, 0)][:, None],
-                   rows.radius[jnp.maximum(cv_, 0)][None, :], rows.rbar, rows.csls, rows.round_table)
-    s = jnp.where((q[:, None] >= 0) & (c[None, :] >= 0), s, jnp.float32(0.0))
-    return jnp.where((q[:, None] >= n) | (c[None, :] >= n), jnp.float32(jnp.nan), s)
+    s = _diag_csls(s, q == c, rows.radius[jnp.maximum(qv, 0)], rows.radius[jnp.maximum(cv_, 0)],
+                   rows.rbar, rows.csls, rows.round_table)
+    s = jnp.where((q >= 0) & (c >= 0), s, jnp.float32(0.0))
+    return jnp.where((q >= n) | (c >= n), jnp.float32(jnp.nan), s)
+
+
+def pairs_from_maps(rows: CSRRows, maps: QueryMaps, which: jax.Array, c: jax.Array, cdata) -> jax.Array:
+    """Entries ``S[maps.q[which[p]], c[p]]`` of P pairs ([P]) from prepared query maps and the
+    pairs' column data (``cdata``: :func:`column_data` of ``c``, [P, G]): the values
+    :func:`block_from_maps` gives, with work per pair rather than per (row, column) of a block."""
+    which = jnp.asarray(which, jnp.int32).reshape(-1)
+    c = jnp.asarray(c, jnp.int32).reshape(-1)
+    cc, cv, cl = cdata
+    g = rows.gather_width
+    prods = maps.vmap[which[:, None], cc] * cv                           # [P, G], row j's order
+    if rows.ordered:
+        x = jax.lax.optimization_barrier(prods)
+        length = jnp.minimum(jnp.max(cl, initial=0), g)
+    else:
+        pos = maps.pmap[which[:, None], cc]
+        x = jnp.zeros(prods.shape, jnp.float32).at[jnp.arange(prods.shape[0])[:, None], pos].set(
+            prods, mode="drop")
+        x = jax.lax.optimization_barrier(x)
+        length = jnp.minimum(jnp.max(maps.length[which], initial=0), g)
+    return _finish_entries(rows, _sequential_sum(x, length), maps.q[which], c)
 
 
 def _finish(x: jax.Array, table: jax.Array) -> jax.Array:
@@ -757,16 +784,16 @@ class GraphSimilarity:
         return block_similarity(self.full, rows, cols)
 
     def prepare_rows(self, rows: jax.Array) -> QueryMaps:
-        """``S_full`` query rows prepared for :meth:`block_prepared` (:func:`query_maps`)."""
+        """``S_full`` query rows prepared for :meth:`pairs_prepared` (:func:`query_maps`)."""
         return query_maps(self.full, rows)
 
     def prepare_cols(self, cols: jax.Array):
         return column_data(self.full, cols)
 
-    def block_prepared(self, maps: QueryMaps, which: jax.Array, cols: jax.Array, cdata) -> jax.Array:
-        """:meth:`block` of prepared rows ``which`` (indices into ``maps``) and prepared columns:
-        the same entries."""
-        return block_from_maps(self.full, maps, cols, cdata, which)
+    def pairs_prepared(self, maps: QueryMaps, which: jax.Array, cols: jax.Array, cdata) -> jax.Array:
+        """Entries of pairs (prepared row ``which[p]``, column ``cols[p]``), ``cdata`` the
+        pairs' prepared columns (:func:`pairs_from_maps`): the same values as :meth:`block`."""
+        return pairs_from_maps(self.full, maps, which, cols, cdata)
 
     def abs_rows(self, rows: jax.Array) -> jax.Array:
         if self.abs_grouped is not None:
