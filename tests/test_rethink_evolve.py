@@ -1,0 +1,185 @@
+"""Environment evolution (section 4.2, appendix C): decision points, validation (each failure
+mode caught), the shortcut audit, rounds with feedback, and the paired aggregation of C.1."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from envsched_jax.pool.model import Check
+from envsched_jax.rethink.evolve import (
+    POINT_KINDS,
+    EvolutionError,
+    EvolveConfig,
+    HeuristicEvolver,
+    HeuristicEvolverConfig,
+    PairedResult,
+    assemble,
+    evidence_chain,
+    evolve,
+    paired_evaluation,
+    run_rubric,
+    shortcut_audit,
+    spellings,
+    validate,
+)
+from envsched_jax.rethink.workspace import FileLabel, Workspace, WorkspaceFile
+
+VALUE_CHECK = Check("value is 4800", "def check_func(final_state):\n    a = final_state.get('answer') or {}\n"
+                    "    return a.get('value') == 4800\n")
+SOURCE_CHECK = Check("source is the approved record", "def check_func(final_state):\n"
+                     "    return (final_state.get('answer') or {}).get('source') == 'finance/plan_v2.txt'\n")
+NOT_FINAL = Check("value is not the withdrawn 5600", "def check_func(final_state):\n"
+                  "    return (final_state.get('answer') or {}).get('value') != 5600\n")
+
+
+def seed_workspace(value=4800) -> Workspace:
+    files = (
+        WorkspaceFile("finance/plan_v1.txt", b"Plan draft\nTotal: 4100\n", "2026-02-01T09:00:00Z",
+                      label=FileLabel("noise", "superseded_version", "draft", "plan", 0)),
+        WorkspaceFile("finance/plan_v2.txt", f"Plan approved\nTotal: {value}\n".encode(), "2026-02-03T09:00:00Z",
+                      label=FileLabel("standard", "authoritative_record", "approved", "plan", 1,
+                                      evidence=("finance/register.csv",))),
+        WorkspaceFile("finance/register.csv", b"record,status\nplan_v2.txt,approved\n", "2026-02-04T09:00:00Z",
+                      label=FileLabel("standard", "authoritative_record")),
+        WorkspaceFile("drafts/plan_FINAL.txt", b"Plan FINAL\nTotal: 5600\n", "2026-02-09T09:00:00Z",
+                      label=FileLabel("noise", "false_final_version", "final", "plan", 2,
+                                      evidence=("finance/register.csv",))),
+    )
+    return Workspace("seed-1", "What is the approved plan total? Submit the value and its source file.", files,
+                     (VALUE_CHECK, SOURCE_CHECK, NOT_FINAL), {"value": value, "source": "finance/plan_v2.txt"},
+                     "plan", "small")
+
+
+def test_spellings():
+    assert spellings(12345) == {"12345", "12345.00", "12,345.00", "12,345", "12 345", "12.345"}
+    assert spellings(12.5) == {"12.50", "12,50", "12.5"}
+    assert spellings(3.0) == {"3.00", "3,00"}
+
+
+def test_one_round_is_valid_and_has_every_property():
+    seed = seed_workspace()
+    variants = evolve(seed, HeuristicEvolver(), EvolveConfig(rounds=1, seed=3))
+    assert len(variants) == 1
+    v = variants[0]
+    assert v.validation.passed, v.validation.failures
+    ws = v.workspace
+    assert ws.request == seed.request and ws.files[:len(seed.files)] == seed.files
+    assert len(v.points) == 3 and len({p.kind for p in v.points}) == 3
+    assert run_rubric(ws.rubric, ws.reference)[0] == 1.0
+    assert run_rubric(ws.rubric, seed.reference)[0] < 1.0                 # y_t fails V_t+1
+    for p in v.points:                                                   # each wrong choice is rejected
+        assert run_rubric([p.check], dict(ws.reference, value=p.wrong_value))[0] == 0.0
+        assert p.wrong_value != ws.reference["value"]
+    assert v.validation.chain_variant > v.validation.chain_seed == 2
+    assert ws.metadata["lineage"] == ["seed-1"] and len(ws.metadata["decision_points"]) == 3
+    assert shortcut_audit(seed, ws) == []
+
+
+def test_new_value_follows_the_stated_amounts():
+    """y_t+1 recomputed by hand from the texts the evolver wrote."""
+    import re
+
+    for s in range(6):
+        v = evolve(seed_workspace(), HeuristicEvolver(HeuristicEvolverConfig(num_points=4)), EvolveConfig(seed=s))[0]
+        texts = {f.path: f.text for f in v.workspace.files}
+        expected = 4800.0
+        for p in v.points:
+            text = texts[p.evidence[0]]
+            if p.kind == "recalculation":
+                sign, amount = re.search(r"corrected by ([+-])(\d+)", text).groups()
+                expected += float(amount) * (1 if sign == "+" else -1)
+            elif p.kind == "exclusion":
+                expected -= float(re.search(r"amount of (\d+)", text).group(1))
+        assert v.workspace.reference["value"] == expected
+        assert {p.kind for p in v.points} == set(POINT_KINDS)
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda seed, ws: dataclasses.replace(ws, request=seed.request + " "), "the request changed"),
+    (lambda seed, ws: dataclasses.replace(ws, files=(dataclasses.replace(ws.files[0], data=b"x"),) + ws.files[1:]),
+     "was modified"),
+    (lambda seed, ws: dataclasses.replace(ws, rubric=ws.rubric + (Check("bad", "def check_func(:"),)),
+     "does not compile"),
+    (lambda seed, ws: dataclasses.replace(ws, reference=dict(ws.reference, value=1)), "the new reference fails"),
+    (lambda seed, ws: dataclasses.replace(ws, rubric=seed.rubric[1:], reference=seed.reference),
+     "previous expected output still passes"),
+])
+def test_validation_catches_each_failure(tamper, message):
+    seed = seed_workspace()
+    v = evolve(seed, HeuristicEvolver(), EvolveConfig(seed=1))[0]
+    result = validate(seed, tamper(seed, v.workspace), v.points)
+    assert not result.passed and any(message in f for f in result.failures), result.failures
+
+
+def test_too_few_points_and_a_leak_are_caught():
+    seed = seed_workspace()
+    v = evolve(seed, HeuristicEvolver(), EvolveConfig(seed=2))[0]
+    assert any("at least 3" in f for f in validate(seed, v.workspace, v.points[:2]).failures)
+    value = v.workspace.reference["value"]
+    leak = WorkspaceFile("notes/leak.txt", f"Reported figure: {value:,}\n".encode(), "2026-03-01T00:00:00Z",
+                         label=FileLabel("noise", "out_of_scope"))
+    leaky = dataclasses.replace(v.workspace, files=v.workspace.files + (leak,))
+    assert any("states the new answer" in f for f in validate(seed, leaky, v.points).failures)
+    # a longer number that merely contains the digits is not a leak
+    fine = dataclasses.replace(leak, data=f"Ticket 9{value}1\n".encode())
+    assert not shortcut_audit(seed, dataclasses.replace(v.workspace, files=v.workspace.files + (fine,)))
+
+
+def test_rounds_chain_and_failures_feed_the_next_attempt():
+    seed = seed_workspace()
+    variants = evolve(seed, HeuristicEvolver(), EvolveConfig(rounds=3, seed=4))
+    assert [v.round for v in variants] == [1, 2, 3] and all(v.validation.passed for v in variants)
+    assert variants[2].workspace.metadata["lineage"] == ["seed-1", variants[0].workspace.workspace_id,
+                                                         variants[1].workspace.workspace_id]
+    assert evidence_chain(variants[2].workspace) > evidence_chain(variants[0].workspace)
+    assert len(variants[2].workspace.metadata["decision_points"]) == 9
+
+    class Stubborn(HeuristicEvolver):
+        """Proposes a non-numeric change first; records the feedback it receives."""
+        seen: list = []
+
+        def propose(self, workspace, *, history, feedback, rng):
+            self.seen.append(list(feedback))
+            proposal = super().propose(workspace, history=history, feedback=feedback, rng=rng)
+            if len(self.seen) == 1:
+                return dataclasses.replace(proposal, points=proposal.points[:2])
+            return proposal
+
+    stubborn = Stubborn()
+    out = evolve(seed, stubborn, EvolveConfig(rounds=1, attempts=3, seed=5))
+    assert [v.validation.passed for v in out] == [False, True]
+    assert stubborn.seen[0] == [] and any("at least 3" in line for line in stubborn.seen[1])
+
+
+def test_non_numeric_seeds_are_refused_with_the_reason():
+    seed = dataclasses.replace(seed_workspace(), reference={"value": "Finance", "source": "finance/plan_v2.txt"})
+    with pytest.raises(EvolutionError, match="numeric reference value.*'Finance'"):
+        evolve(seed, HeuristicEvolver())
+    with pytest.raises(ValueError, match="at least three"):
+        HeuristicEvolverConfig(num_points=2)
+
+
+def test_paired_aggregation_by_hand():
+    r = PairedResult(("a", "b", "c"), ("m1", "m2", "m3"),
+                     seed_success=np.array([[1.0, 1.0, 0.0], [1.0, 2 / 3, 1.0], [0.0, 0.0, 1.0]]),
+                     variant_success=np.array([[0.0, 2 / 3, 0.0], [0.0, 0.0, 1 / 3], [1.0, 0.0, 1.0]]))
+    np.testing.assert_allclose(r.delta, [[-100, -100 / 3, 0], [-100, -200 / 3, -200 / 3], [100, 0, 0]])
+    assert r.h.tolist() == [2, 3, 0]
+    assert r.share_lower(3) == pytest.approx(1 / 3) and r.share_lower(2) == pytest.approx(2 / 3)
+    # means over pairs with nonzero seed success only
+    np.testing.assert_allclose(r.mean_delta(), [-100, -50, (-200 / 3 + 0) / 2])
+
+
+def test_paired_evaluation_runs_agents_on_both_arms():
+    seed = seed_workspace()
+    variant = evolve(seed, HeuristicEvolver(), EvolveConfig(seed=6))[0].workspace
+    def recorded(ws, trial):
+        return run_rubric(ws.rubric, {"value": 4800, "source": "finance/plan_v2.txt"})[0] == 1.0
+    def oracle(ws, trial):
+        return run_rubric(ws.rubric, ws.reference)[0] == 1.0
+    r = paired_evaluation([(seed, variant)], {"recorded": recorded, "oracle": oracle}, trials=2)
+    assert r.seed_success.tolist() == [[1.0, 1.0]] and r.variant_success.tolist() == [[0.0, 1.0]]
+    assert r.h.tolist() == [1]
