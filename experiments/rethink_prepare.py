@@ -1,0 +1,97 @@
+"""Prepare a workspace pool (Env-Rethink section 4.1): a Collection Map and an Event Log per workspace.
+
+Reads a pool folder (``experiments/rethink_generate.py`` writes one) and writes, for each workspace,
+``<out>/<mode>/<split>/<workspace>/`` with ``collection_map.json``, ``event_log.json`` (the public,
+synthetic log) and ``prepare_report.json`` (discards, rejected proposals, the leak audit: for the
+operator, not for agents). EGS uses files and metadata only; TGS also uses the labels, the request
+and the rubric (rubric text never reaches the public log: audited). Resumable: a workspace whose
+three files exist (written through a temporary folder, renamed when complete) is skipped. The pool
+folder is hashed before and after (:func:`~envsched_jax.rethink.workspace.tree_digest`) and the run
+fails if preparation changed anything there.
+
+Usage:
+    python experiments/rethink_generate.py --out runs/rethink_pool
+    python experiments/rethink_prepare.py --pool runs/rethink_pool --out runs/rethink_prepared
+    python experiments/rethink_prepare.py --pool runs/rethink_pool --modes tgs --backend llm --base-url http://localhost:8000/v1 --model Qwen/Qwen3-8B
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import tyro
+from rich.progress import track
+
+from envsched_jax.rethink.event_log import PrepareConfig, prepare
+from envsched_jax.rethink.roles import make_roles
+from envsched_jax.rethink.store import read_pool
+from envsched_jax.rethink.workspace import WorkspaceError, tree_digest
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    pool: Path = Path("runs/rethink_pool")
+    """Pool folder to prepare (only read)."""
+    out: Path = Path("runs/rethink_prepared")
+    modes: tuple[Literal["egs", "tgs"], ...] = ("egs", "tgs")
+    backend: Literal["heuristic", "llm"] = "heuristic"
+    """Role backend: the deterministic heuristic roles, or an OpenAI-compatible server (vLLM)."""
+    base_url: str = "http://localhost:8000/v1"
+    """LLM backend: the server's OpenAI-compatible base URL."""
+    model: str = ""
+    """LLM backend: the served model's name."""
+    config: PrepareConfig = PrepareConfig()
+
+
+def _roles(args: Args):
+    if args.backend == "heuristic":
+        return make_roles("heuristic")
+    if not args.model:
+        raise SystemExit("--backend llm needs --model (the served model's name)")
+    from envsched_jax.graph.llm_clients import OpenAIChatClient
+
+    return make_roles("llm", client=OpenAIChatClient(args.base_url, args.model))
+
+
+def main(args: Args) -> dict:
+    before = tree_digest(args.pool)
+    splits = read_pool(args.pool)
+    roles = _roles(args)
+    counts = collections.Counter()
+    jobs = [(mode, split, ws) for mode in args.modes for split, items in splits.items() for ws in items]
+    for mode, split, ws in track(jobs, description="preparing"):
+        folder = args.out / mode / split / ws.workspace_id.replace("/", "_")
+        if all((folder / name).exists() for name in ("collection_map.json", "event_log.json", "prepare_report.json")):
+            counts["skipped"] += 1
+            continue
+        tmp = folder.with_name(folder.name + ".partial")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        try:
+            layer = prepare(ws, mode=mode, roles=roles, out_dir=tmp, config=args.config)
+        except WorkspaceError as err:
+            counts["failed"] += 1
+            print(f"{mode} {ws.workspace_id}: {err}")
+            continue
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+        counts["prepared"] += 1
+        counts[f"{mode}_events"] += len(layer.event_log.events)
+        counts[f"{mode}_collections"] += len(layer.collection_map.collections)
+    if tree_digest(args.pool) != before:
+        raise SystemExit(f"preparation modified the pool folder {args.pool}: this is a bug, please report it")
+    summary = {"jobs": len(jobs), **counts, "pool_unchanged": True}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "prepare_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

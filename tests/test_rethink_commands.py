@@ -1,0 +1,76 @@
+"""Tiny runs of the Env-Rethink commands: generate, prepare, verifier, evolve and the table; each
+writes its outputs into a temporary folder, resumes on a rerun, and never modifies the pool."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from envsched_jax.rethink.generator import GeneratorConfig
+from envsched_jax.rethink.learned_verifier import LearnedConfig
+from envsched_jax.rethink.workspace import tree_digest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+TINY = GeneratorConfig(seed=5, num_parents=3, variants_per_parent=1, kinds=("budget", "policy_rate", "reference_list"))
+
+
+def _script(name: str):
+    if str(EXPERIMENTS) not in sys.path:
+        sys.path.insert(0, str(EXPERIMENTS))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool")
+    gen = _script("rethink_generate")
+    assert gen.main(gen.Args(out=root, generator=TINY)) == {"written": 3, "skipped": 0}
+    assert gen.main(gen.Args(out=root, generator=TINY)) == {"written": 0, "skipped": 3}
+    return root
+
+
+def test_prepare_resumes_and_leaves_the_pool_unchanged(pool, tmp_path):
+    prep = _script("rethink_prepare")
+    before = tree_digest(pool)
+    first = prep.main(prep.Args(pool=pool, out=tmp_path))
+    assert first["prepared"] == 6 and first["pool_unchanged"]
+    again = prep.main(prep.Args(pool=pool, out=tmp_path))
+    assert again["skipped"] == 6 and "prepared" not in again
+    assert tree_digest(pool) == before
+    logs = sorted(tmp_path.glob("*/*/*/event_log.json"))
+    assert len(logs) == 6 and all(json.loads(p.read_text())["synthetic"] for p in logs)
+
+
+def test_verifier_fits_once_then_loads(pool, tmp_path):
+    ver = _script("rethink_verifier")
+    args = ver.Args(pool=pool, out=tmp_path, learned=LearnedConfig(steps=20, hidden=16))
+    first = ver.main(args)
+    assert first["learned_model"] == "fitted"
+    assert set(first["results"]) == {"filename", "newest", "evidence", "learned"}
+    second = ver.main(args)
+    assert second["learned_model"] == "loaded" and second["results"] == first["results"]
+
+
+def test_evolve_writes_validated_variants(pool, tmp_path):
+    evo = _script("rethink_evolve")
+    summary = evo.main(evo.Args(pool=pool, out=tmp_path))
+    assert summary["seeds"] == 3 and summary["refused"] == 0 and summary["validated"] == 3
+    report = json.loads((tmp_path / "evolution.json").read_text())
+    assert all(a["passed"] for s in report["seeds"] for a in s["attempts"][-1:])
+    index = json.loads((tmp_path / "variants" / "index.json").read_text())
+    assert sum(len(rows) for rows in index.values()) == 3
+
+
+def test_table_runs_end_to_end(tmp_path):
+    table = _script("rethink_table")
+    result = table.main(table.Args(out=tmp_path, generator=TINY, learned=LearnedConfig(steps=20, hidden=16)))
+    assert result["benchmark"]["workspaces"] == 3
+    for agent in result["agents"].values():
+        assert set(agent) == {"clean", "noise", "egs", "tgs"}
+        assert all(0.0 <= row["rate"] <= 1.0 for row in agent.values())
+    assert result["evolution"]["validated"] + result["evolution"]["refused"] + result["evolution"]["failed_validation"] == 3
+    assert (tmp_path / "rethink_table.json").exists()
