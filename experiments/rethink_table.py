@@ -8,7 +8,7 @@ Three tables, each printed beside the paper's figures (:mod:`envsched_jax.rethin
    Collection Map and Event Log prepared without (EGS) or with (TGS) task supervision. The
    agents are :mod:`envsched_jax.rethink.agents`' offline stand-ins (they trust filenames or
    timestamps, or read registers carefully); a prepared layer reaches them through
-   :func:`~envsched_jax.rethink.agents.context_from_layer`.
+    the layer's tools (``list_collections``, ``file_history``).
 2. **File verification** (table 2, table 6): appendix B.4's pooled accuracies of every verifier
    on training-source and held-out workspaces (split by parent task), and table 6's selection
    counts. The learned verifier is fitted on the training split only.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import tyro
@@ -39,9 +40,9 @@ from rich.progress import track
 from rich.table import Table
 
 from envsched_jax.rethink import paper
-from envsched_jax.rethink.agents import AGENTS, Context, context_from_layer, run_agent
+from envsched_jax.rethink.agents import AGENTS, run_agent
 from envsched_jax.rethink.collection_map import CollectionMap
-from envsched_jax.rethink.event_log import EventLog, prepare
+from envsched_jax.rethink.event_log import EventLog, PreparedLayer, prepare
 from envsched_jax.rethink.evolve import (
     EvolutionError,
     EvolveConfig,
@@ -74,24 +75,29 @@ def _pct(x: float | None) -> str:
     return "--" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
 
-def prepared_context(ws: Workspace, mode: str, cache: Path) -> Context:
-    """The agents' view of ``ws``'s prepared layer in ``mode``, prepared once and cached."""
+def prepared_layer(ws: Workspace, mode: str, cache: Path) -> PreparedLayer:
+    """``ws``'s prepared layer in ``mode`` (heuristic roles), prepared once and cached."""
     folder = cache / mode / ws.content_hash()[:16]
-    if not (folder / "event_log.json").exists():
-        layer = prepare(ws, mode=mode, roles=make_roles("heuristic"), out_dir=folder)
-        return context_from_layer(layer.collection_map, layer.event_log)
+    if not (folder / "prepare_report.json").exists():
+        tmp = folder.with_name(folder.name + ".partial")
+        for stale in (tmp, folder):
+            if stale.exists():
+                shutil.rmtree(stale)
+        layer = prepare(ws, mode=mode, roles=make_roles("heuristic"), out_dir=tmp)
+        tmp.rename(folder)
+        return layer
     cmap = CollectionMap.from_json(json.loads((folder / "collection_map.json").read_text()))
     log = EventLog.from_json(json.loads((folder / "event_log.json").read_text()))
-    return context_from_layer(cmap, log)
+    return PreparedLayer(cmap, log, json.loads((folder / "prepare_report.json").read_text()))
 
 
 def agent_table(workspaces: list[Workspace], agents: tuple[str, ...], cache: Path) -> dict:
     results = {a: {c: {"passed": 0, "total": 0, "success": 0} for c in CONDITIONS} for a in agents}
     for ws in track(workspaces, description="agents x conditions"):
-        contexts = {"egs": prepared_context(ws, "egs", cache), "tgs": prepared_context(ws, "tgs", cache)}
+        layers = {"egs": prepared_layer(ws, "egs", cache), "tgs": prepared_layer(ws, "tgs", cache)}
         for agent in agents:
             for cond in CONDITIONS:
-                run = run_agent(agent, ws.clean() if cond == "clean" else ws, contexts.get(cond))
+                run = run_agent(agent, ws.clean() if cond == "clean" else ws, layers.get(cond))
                 row = results[agent][cond]
                 row["passed"] += run.passed
                 row["total"] += run.total

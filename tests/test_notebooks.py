@@ -33,6 +33,7 @@ TINY: dict[str, dict[str, str]] = {
     "compare_schedulers.ipynb": {"STEPS": "5", "SEEDS": "[0, 1]", "SETUP": TINY_SETUP, "BATCH_SIZE": "8",
                                  "GROUP_SIZE": "4", "SCHEDULERS": repr(TINY_SCHEDULERS), "SMOOTH": "2"},
     "forge.ipynb": {"K": "8", "POLICY_SEED": "1"},
+    "rethink.ipynb": {"NUM_PARENTS": "4", "VARIANTS": "1"},
 }
 """Knob overrides per notebook (Python source of each value). Notebooks not listed run as saved."""
 
@@ -54,6 +55,11 @@ EXPECTED: dict[str, list[re.Pattern]] = {
     "forge.ipynb": [re.compile(r"backend scip, status optimal, objective \S+, 150 action variables"),
                     re.compile(r"requirements after: .*\n(.|\n)*  sync       pass"),
                     re.compile(r"accepted: (True|False \(no Docker engine)")],
+    "rethink.ipynb": [re.compile(r"egs: \d+ collections, coverage ok: True"),
+                      re.compile(r"tgs: \d+ collections, coverage ok: True"),
+                      re.compile(r"learned\s+held-out: partition \d+/\d+"),
+                      re.compile(r"validation passed: True"),
+                      _row("careful", "clean")],
 }
 """What each notebook must print in the tiny configuration."""
 
@@ -64,7 +70,7 @@ NUMBERS: dict[str, list[tuple[str, float]]] = {
 }
 """Printed consistency checks: (pattern capturing a number, largest allowed value)."""
 
-FIGURES = {"sweep.ipynb": 2, "compare_schedulers.ipynb": 1, "forge.ipynb": 1}
+FIGURES = {"sweep.ipynb": 2, "compare_schedulers.ipynb": 1, "forge.ipynb": 1, "rethink.ipynb": 1}
 """Minimum number of figures (image/png outputs)."""
 
 

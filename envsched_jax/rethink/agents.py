@@ -21,11 +21,12 @@ for rates, ``Entries: <n>`` for reference lists, ``Department: <name>`` for prof
 *of the subject* when its heading shares the most words with the request. These readers know the
 formats of the benchmark they run on: that is what makes them stand-ins rather than general agents.
 
-With a prepared layer (:class:`Context`, from the Collection Map and Event Log of
-:mod:`.collection_map` / :mod:`.event_log`), the ``filename`` and ``newest`` agents first drop the
-records the context marks as withdrawn or superseded and prefer those it marks as in force: the
-paper's Task Executor "checks original evidence" through the log's sessions. An agent never reads
-labels, the rubric or the reference.
+With a prepared layer (a Collection Map and an Event Log, :func:`envsched_jax.rethink.event_log.prepare`),
+the environment has three more tools (``list_collections``, ``read_card``, ``file_history``) and
+every agent reads the layer through them (:func:`read_layer`): records a quoted event withdraws or
+supersedes are dropped, members of task-guided collections are preferred (the paper's Task
+Executor browses cards and "retrieves sessions by file path"). An agent never reads labels, the
+rubric or the reference.
 """
 
 from __future__ import annotations
@@ -64,42 +65,14 @@ class Record:
     effective: str = ""
 
 
-class Context:
-    """What a prepared layer tells an agent about a path: ``out`` (withdrawn / superseded,
-    with the supporting reason) and ``in_force``. :func:`context_from_layer` builds it from a
-    Collection Map and an Event Log (or by hand in tests)."""
-
-    def __init__(self, out: Mapping[str, str] | None = None, in_force: Sequence[str] = ()):
-        self.out = dict(out or {})
-        self.in_force = tuple(in_force)
-
-
-def context_from_layer(collection_map, event_log) -> Context:
-    """How the agents read a prepared layer (the Task Executor's "retrieve sessions by file path,
-    check original evidence"):
-
-    - ``out``: the target of every accepted event whose relation is ``withdraws`` or
-      ``supersedes`` on a ``quoted`` basis (the log's reviewer admits those only with a quoted
-      line of the source: never from a later timestamp);
-    - ``in_force``: the members of the task-guided collections (TGS only: the paper's TGS
-      groups files with their clean/noise labels; EGS has none).
-    """
-    out: dict[str, str] = {}
-    for event in event_log.events:
-        rel = event.relation
-        if rel is not None and rel.basis == "quoted" and rel.kind in ("withdraws", "supersedes"):
-            out.setdefault(rel.target, f"{rel.source} {rel.kind} it (event {event.event_id})")
-    in_force = [m for c in collection_map.collections if c.origin == "task_guided" for m in c.members]
-    return Context(out, in_force)
-
-
 class ToolSession:
     """The agent's side of an episode: calls the file tools on a private copy of the initial
-    state and records each call as an action."""
+    state (with the prepared ``layer``'s collections and events, if given) and records each call
+    as an action."""
 
-    def __init__(self, workspace: Workspace):
+    def __init__(self, workspace: Workspace, layer=None):
         self._tools = FileWorkspace()
-        for key, value in initial_state(workspace.public()).items():
+        for key, value in initial_state(workspace.public(), layer).items():
             setattr(self._tools, key, value)
         self.actions: list[Action] = []
 
@@ -111,6 +84,41 @@ class ToolSession:
         self.call("submit_answer", answer=dict(answer))
         self.actions.append(Action("chat_with_user", {"message": "submitted"}))
         return self.actions
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the prepared layer said about the candidate records (read through the layer tools
+    by :func:`read_layer`): ``out`` maps a path to the event that withdraws or supersedes it;
+    ``in_force`` lists the members of task-guided collections."""
+
+    out: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    in_force: tuple[str, ...] = ()
+
+
+def read_layer(session: ToolSession, candidates: Sequence[str]) -> Context | None:
+    """How the agents use a prepared layer (the Task Executor's "retrieve sessions by file path,
+    check original evidence", section 4.1), through the tools:
+
+    - ``file_history(path)`` of each candidate: an event whose relation ``withdraws`` or
+      ``supersedes`` it on a ``quoted`` basis puts it ``out`` (the log's reviewer admits those only
+      with a quoted line of the source, never from a later timestamp);
+    - ``list_collections()``: the members of ``task_guided`` collections are ``in_force`` (TGS only:
+      its collections group files with their clean/noise labels; EGS has none).
+
+    ``None`` when the workspace has no layer (the tools say so).
+    """
+    listing = session.call("list_collections")
+    if not listing.get("success"):
+        return None
+    in_force = tuple(m for c in listing["collections"] if c["origin"] == "task_guided" for m in c["members"])
+    out = {}
+    for path in candidates:
+        for event in session.call("file_history", path=path).get("events", []):
+            rel = event.get("relation") or {}
+            if rel.get("target") == path and rel.get("basis") == "quoted" and rel.get("kind") in ("withdraws", "supersedes"):
+                out.setdefault(path, f"{rel.get('source')} {rel.get('kind')} it (event {event.get('event_id')})")
+    return Context(out, in_force)
 
 
 def _read_all(session: ToolSession) -> dict[str, str]:
@@ -171,22 +179,25 @@ def _apply_context(candidates: list[Record], context: Context | None) -> list[Re
     return preferred or kept
 
 
-def filename_agent(workspace: Workspace, context: Context | None = None) -> list[Action]:
-    session = ToolSession(workspace)
+def _gather(workspace: Workspace, layer) -> tuple[ToolSession, dict[str, str], list[Record]]:
+    session = ToolSession(workspace, layer)
     texts = _read_all(session)
     listing = {row["path"]: row["modified"] for row in session.call("list_files")["files"]}
-    candidates = _apply_context(_of_subject(_records(texts, listing), workspace.request), context)
+    return session, texts, _of_subject(_records(texts, listing), workspace.request)
+
+
+def filename_agent(workspace: Workspace, layer=None) -> list[Action]:
+    session, _, candidates = _gather(workspace, layer)
+    candidates = _apply_context(candidates, read_layer(session, [r.path for r in candidates]) if layer else None)
     if not candidates:
         return session.finish({})
     best = max(candidates, key=lambda r: (_name_claim(r.path), r.modified, r.path))
     return session.finish(_answer(best))
 
 
-def newest_agent(workspace: Workspace, context: Context | None = None) -> list[Action]:
-    session = ToolSession(workspace)
-    texts = _read_all(session)
-    listing = {row["path"]: row["modified"] for row in session.call("list_files")["files"]}
-    candidates = _apply_context(_of_subject(_records(texts, listing), workspace.request), context)
+def newest_agent(workspace: Workspace, layer=None) -> list[Action]:
+    session, _, candidates = _gather(workspace, layer)
+    candidates = _apply_context(candidates, read_layer(session, [r.path for r in candidates]) if layer else None)
     if not candidates:
         return session.finish({})
     best = max(candidates, key=lambda r: (r.modified, r.path))
@@ -198,11 +209,8 @@ _DOCUMENT = re.compile(r"^Document: (\S+)\s*$", re.M)
 _WITHDRAWN_RE = re.compile(r"^Re: (\S+)\s*$", re.M)
 
 
-def careful_agent(workspace: Workspace, context: Context | None = None) -> list[Action]:
-    session = ToolSession(workspace)
-    texts = _read_all(session)
-    listing = {row["path"]: row["modified"] for row in session.call("list_files")["files"]}
-    candidates = _of_subject(_records(texts, listing), workspace.request)
+def careful_agent(workspace: Workspace, layer=None) -> list[Action]:
+    session, texts, candidates = _gather(workspace, layer)
     approved, withdrawn = set(), set()
     for text in texts.values():
         if "approvals register" in text.lower():
@@ -211,6 +219,7 @@ def careful_agent(workspace: Workspace, context: Context | None = None) -> list[
             approved.update(_DOCUMENT.findall(text))
         if "withdrawal notice" in text.lower():
             withdrawn.update(_WITHDRAWN_RE.findall(text))
+    context = read_layer(session, [r.path for r in candidates]) if layer else None
     if context is not None:
         withdrawn.update(context.out)
     live = [r for r in candidates if r.path not in withdrawn]
@@ -222,7 +231,7 @@ def careful_agent(workspace: Workspace, context: Context | None = None) -> list[
     return session.finish(_answer(max(chosen, key=lambda r: (r.modified, r.path))))
 
 
-AGENTS: dict[str, Callable[[Workspace, Context | None], list[Action]]] = {
+AGENTS: dict[str, Callable[..., list[Action]]] = {
     "filename": filename_agent, "newest": newest_agent, "careful": careful_agent}
 
 
@@ -237,12 +246,13 @@ class AgentRun:
     answer: Any
 
 
-def run_agent(name: str, workspace: Workspace, context: Context | None = None) -> AgentRun:
-    """Play agent ``name`` on ``workspace`` and score its episode with the workspace's rubric
-    (in-process: generated workspaces are the project's own; use a sandbox pool for others)."""
-    actions = AGENTS[name](workspace, context)
-    env = workspace_environment("workspace:eval", "evaluation")
-    task = workspace_task(workspace)
+def run_agent(name: str, workspace: Workspace, layer=None) -> AgentRun:
+    """Play agent ``name`` on ``workspace`` (prepared with ``layer``, if given) and score its
+    episode with the workspace's rubric (in-process: generated workspaces are the project's own;
+    run the actions in a sandbox pool for others)."""
+    actions = AGENTS[name](workspace, layer)
+    env = workspace_environment("workspace:eval", "evaluation", prepared=layer is not None)
+    task = workspace_task(workspace, layer)
     result = run_episode(env, dataclasses.replace(task, env_id=env.env_id), actions)
     passed = sum(result.check_results)
     return AgentRun(name, workspace.workspace_id, result.reward, passed, len(result.check_results),

@@ -17,6 +17,10 @@ State (what the rubric checks see as ``final_state``):
 - ``answer``: the JSON object given to :meth:`FileWorkspace.submit_answer` (``None`` until then);
   the rubric reads ``final_state["answer"]``.
 - ``reads``: the paths the agent read, in order (the read-fidelity record of appendix A.6).
+- ``collections`` / ``events``: a prepared environment's Collection Map (collections with their
+  cards) and public Event Log, as JSON (section 4.1, "Inputs and execution": the Task Executor
+  browses cards and retrieves sessions by file path); ``None`` for an unprepared one, where the
+  layer tools say so.
 """
 
 MAX_LINES = 400
@@ -32,6 +36,8 @@ class FileWorkspace:
         self.written = {}
         self.answer = None
         self.reads = []
+        self.collections = None
+        self.events = None
 
     def list_files(self, directory=""):
         """Files under ``directory`` ("" for all): path, kind, modification time and size."""
@@ -99,3 +105,40 @@ class FileWorkspace:
             return {"success": False, "error": "answer must be a JSON object"}
         self.answer = answer
         return {"success": True}
+
+    def list_collections(self):
+        """The Collection Map: each collection's id, name, origin, themes and member paths."""
+        if self.collections is None:
+            return {"success": False, "error": "this workspace has no Collection Map"}
+        rows = []
+        for c in self.collections:
+            card = c.get("card") or {}
+            rows.append({"collection_id": c["collection_id"], "name": c["name"], "origin": c.get("origin", ""),
+                         "themes": list(card.get("themes", [])), "members": list(c["members"])})
+        return {"success": True, "collections": rows}
+
+    def read_card(self, collection_id):
+        """A collection's card: themes, contents, representative evidence, source paths."""
+        if self.collections is None:
+            return {"success": False, "error": "this workspace has no Collection Map"}
+        for c in self.collections:
+            if c["collection_id"] == collection_id:
+                return {"success": True, "card": c.get("card")}
+        return {"success": False, "error": f"no collection {collection_id!r}"}
+
+    def file_history(self, path):
+        """The Event Log's sessions touching ``path`` (as input, output, quote or relation end),
+        in log order. Every event is synthetic: its quotes are verbatim, its timestamps invented."""
+        if self.events is None:
+            return {"success": False, "error": "this workspace has no Event Log"}
+        if not isinstance(path, str):
+            return {"success": False, "error": "path must be a string"}
+        hits = []
+        for e in self.events:
+            relation = e.get("relation") or {}
+            touched = (list(e.get("inputs", [])) + list(e.get("outputs", []))
+                       + [x.get("path") for x in e.get("excerpts", [])]
+                       + [relation.get("source"), relation.get("target")])
+            if path in touched:
+                hits.append(e)
+        return {"success": True, "events": hits}

@@ -23,7 +23,7 @@ Choices (the paper does not map its environments onto a scheduler's nodes):
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from envsched_jax.pool.model import Environment, Pool, Task
 from envsched_jax.rethink import file_tools
@@ -51,43 +51,63 @@ TOOLS = (
     _tool("submit_answer", "Submit the task's outcome as a JSON object; a later call replaces it.",
           {"answer": {"type": "object"}}, ("answer",)),
 )
+LAYER_TOOLS = (
+    _tool("list_collections", "List the Collection Map: collections with their themes and member paths.", {}),
+    _tool("read_card", "Read a collection's card (themes, contents, representative evidence, sources).",
+          {"collection_id": _STRING}, ("collection_id",)),
+    _tool("file_history", "The Event Log's synthetic sessions touching a file (quotes are verbatim).",
+          {"path": _STRING}, ("path",)),
+)
+"""The tools of a prepared environment (its Collection Map and Event Log), added to :data:`TOOLS`."""
 
 
-def environment_id(workspace: Workspace) -> str:
-    """The environment of a workspace: its parent task (the workspace id when it has none)."""
-    return f"workspace:{workspace.parent_task or workspace.workspace_id}"
+def environment_id(workspace: Workspace, prepared: bool = False) -> str:
+    """The environment of a workspace: its parent task (the workspace id when it has none);
+    prepared workspaces (with a Collection Map and Event Log) are a separate environment, since
+    they have more tools."""
+    return f"workspace{'+prepared' if prepared else ''}:{workspace.parent_task or workspace.workspace_id}"
 
 
-def workspace_environment(env_id: str, summary: str) -> Environment:
+def workspace_environment(env_id: str, summary: str, prepared: bool = False) -> Environment:
     return Environment(
-        env_id=env_id, class_name="FileWorkspace", summary=summary, tools=TOOLS,
+        env_id=env_id, class_name="FileWorkspace", summary=summary, tools=TOOLS + (LAYER_TOOLS if prepared else ()),
         class_source=inspect.getsource(file_tools), trusted_class=file_tools.FileWorkspace,
         introduction="A folder of documents, records and notes; some are outdated, withdrawn or misleading.",
         metadata={"kind": "rethink_workspace"})
 
 
-def initial_state(workspace: Workspace) -> dict:
+def initial_state(workspace: Workspace, layer=None) -> dict:
     """The episode's initial state (:mod:`.file_tools`): files with their text (None when
-    unreadable), kind, time and size; no answer, nothing written, nothing read."""
+    unreadable), kind, time and size; no answer, nothing written, nothing read; with ``layer``
+    (a :class:`~envsched_jax.rethink.event_log.PreparedLayer` of this workspace) its collections
+    and public events."""
+    if layer is not None and layer.event_log.workspace_id != workspace.workspace_id:
+        raise WorkspaceError(f"the prepared layer belongs to {layer.event_log.workspace_id!r}",
+                             source=f"workspace {workspace.workspace_id!r}")
     return {
         "files": {f.path: {"text": f.text, "kind": f.kind, "modified": f.modified, "size": len(f.data)}
                   for f in workspace.files},
         "written": {}, "answer": None, "reads": [],
+        "collections": None if layer is None else layer.collection_map.to_json()["collections"],
+        "events": None if layer is None else layer.event_log.to_json()["events"],
     }
 
 
-def workspace_task(workspace: Workspace) -> Task:
-    """The task of one workspace: its request, files, rubric; labels stay out of the task (the
-    agent must not see them) and only ``workspace_id``, parent and size class go to metadata."""
-    return Task(task_id=workspace.workspace_id, env_id=environment_id(workspace), instruction=workspace.request,
-                initial_state=initial_state(workspace), checks=workspace.rubric,
+def workspace_task(workspace: Workspace, layer=None) -> Task:
+    """The task of one workspace (with its prepared ``layer``, if given): its request, files,
+    rubric; labels stay out of the task (the agent must not see them) and only ``workspace_id``,
+    parent and size class go to metadata."""
+    return Task(task_id=workspace.workspace_id, env_id=environment_id(workspace, layer is not None),
+                instruction=workspace.request, initial_state=initial_state(workspace, layer), checks=workspace.rubric,
                 metadata={"semantics": "project", "parent_task": workspace.parent_task,
                           "size_class": workspace.size_class, "content_hash": workspace.content_hash()})
 
 
-def workspace_pool(workspaces: Sequence[Workspace], *, name: str = "rethink-workspaces") -> Pool:
-    """A pool of workspaces (module docstring). Duplicate workspace ids are an error naming the
-    id."""
+def workspace_pool(workspaces: Sequence[Workspace], *, name: str = "rethink-workspaces",
+                   layers: Mapping | None = None) -> Pool:
+    """A pool of workspaces (module docstring); ``layers`` maps workspace ids to their prepared
+    layers (those workspaces get the layer tools). Duplicate workspace ids are an error naming
+    the id."""
     if not workspaces:
         raise WorkspaceError("no workspaces to make a pool of", source=name)
     seen = set()
@@ -97,8 +117,10 @@ def workspace_pool(workspaces: Sequence[Workspace], *, name: str = "rethink-work
         if ws.workspace_id in seen:
             raise WorkspaceError("duplicate workspace id in the pool", source=f"workspace {ws.workspace_id!r}")
         seen.add(ws.workspace_id)
-        env_id = environment_id(ws)
+        layer = (layers or {}).get(ws.workspace_id)
+        env_id = environment_id(ws, layer is not None)
         envs.setdefault(env_id, workspace_environment(
-            env_id, f"File workspace of task {ws.parent_task or ws.workspace_id!r}: {ws.request[:200]}"))
-        tasks.append(workspace_task(ws))
+            env_id, f"File workspace of task {ws.parent_task or ws.workspace_id!r}: {ws.request[:200]}",
+            prepared=layer is not None))
+        tasks.append(workspace_task(ws, layer))
     return Pool(name=name, environments=tuple(envs.values()), tasks=tuple(tasks))
