@@ -9,9 +9,11 @@ import pytest
 
 from envsched_jax.envs.episode import run_actions
 from envsched_jax.envs.sandbox import SandboxConfig, make_worker_pool
-from envsched_jax.rethink.agents import AGENTS, Context, run_agent
+from envsched_jax.rethink.agents import AGENTS, run_agent
+from envsched_jax.rethink.event_log import Event, PreparedLayer, Relation, prepare
 from envsched_jax.rethink.generator import GeneratorConfig, generate_benchmark
 from envsched_jax.rethink.pool import workspace_pool
+from envsched_jax.rethink.roles import make_roles
 
 from sandbox_helpers import sandbox_param
 
@@ -49,28 +51,39 @@ def test_clean_condition_is_solved_by_every_agent(workspaces):
             assert run.success, (name, ws.workspace_id, run.answer, ws.reference)
 
 
-def test_filename_agent_takes_the_false_final_in_noise(workspaces):
+def test_filename_agent_takes_the_false_final_where_only_it_claims_finality(workspaces):
     chosen = []
     for ws in workspaces:
-        run = run_agent("filename", ws)
         labels = ws.labels()
-        false_finals = [p for p, lab in labels.items() if lab.category == "false_final_version"]
-        if any("final" in p.rsplit("/", 1)[-1].lower() for p in false_finals):
-            chosen.append(labels[run.answer["source"]].category)
+        finals = [p for p, lab in labels.items() if lab.family and "final" in p.rsplit("/", 1)[-1].lower()]
+        if len(finals) == 1 and labels[finals[0]].category == "false_final_version":
+            chosen.append(labels[run_agent("filename", ws).answer["source"]].category)
     assert chosen and all(c == "false_final_version" for c in chosen)
+    noise = sum(run_agent("filename", ws).success for ws in workspaces)
+    clean = sum(run_agent("filename", ws.clean()).success for ws in workspaces)
+    assert noise < clean
 
 
-def test_context_marking_a_record_out_redirects_the_naive_agents(workspaces):
-    ws = workspaces[0]
+def test_layer_read_through_the_tools_redirects_the_naive_agents(workspaces, tmp_path):
+    """A quoted withdrawal event in the Event Log drops the record it withdraws; a task-guided
+    collection (TGS) is preferred. The layer reaches the agent only through its tools."""
+    ws = next(w for w in workspaces if not run_agent("filename", w).success and not run_agent("newest", w).success)
     before = run_agent("filename", ws)
-    assert not before.success
-    context = Context(out={before.answer["source"]: "withdrawn (quoted notice)"})
-    after = run_agent("filename", ws, context)
+    egs = prepare(ws, mode="egs", roles=make_roles("heuristic"), out_dir=tmp_path / "egs")
+    withdrawal = Event("e-test", "write", "synthetic-actor", "2030-01-01T00:00:00Z", (before.answer["source"],),
+                       ("notes/x.txt",), relation=Relation("withdraws", "notes/x.txt", before.answer["source"], "quoted"))
+    forged = PreparedLayer(egs.collection_map, dataclasses.replace(egs.event_log, events=(withdrawal,)), {})
+    after = run_agent("filename", ws, forged)
     assert after.answer["source"] != before.answer["source"]
-    authoritative = [p for p, lab in ws.labels().items()
-                     if lab.category == "authoritative_record" and lab.family]
-    in_force = run_agent("newest", ws, Context(in_force=authoritative))
-    assert in_force.success
+    inferred = dataclasses.replace(withdrawal, relation=dataclasses.replace(withdrawal.relation, basis="inferred"))
+    weak = PreparedLayer(egs.collection_map, dataclasses.replace(egs.event_log, events=(inferred,)), {})
+    assert run_agent("filename", ws, weak).answer == before.answer          # an inferred relation is not enough
+    tgs = prepare(ws, mode="tgs", roles=make_roles("heuristic"), out_dir=tmp_path / "tgs")
+    assert run_agent("newest", ws, tgs).success
+    actions = AGENTS["newest"](ws, tgs)
+    assert {a.name for a in actions} >= {"list_collections", "file_history"}
+    assert "read_card" not in {t["function"]["name"] for t in workspace_pool([ws]).environments[0].tools}
+    assert "read_card" in {t["function"]["name"] for t in workspace_pool([ws], layers={ws.workspace_id: tgs}).environments[0].tools}
 
 
 def test_careful_agent_applies_registers_and_text_notices(workspaces):

@@ -35,16 +35,27 @@ def reward(ws, answer):
     return r, results
 
 
+def register_rows(text: str) -> list[dict] | None:
+    """The rows of an approvals register (comment lines first, the first naming the register;
+    then the CSV with header ``ref,date,subject,document,status,approved_by``), else None."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("#") or "approvals register" not in lines[0].lower():
+        return None
+    body = [line for line in lines if not line.startswith("#")]
+    assert body[0] == "ref,date,subject,document,status,approved_by", body[0]
+    return list(csv.DictReader(io.StringIO("\n".join(body))))
+
+
 def solve_from_text(ws, subject: str, kind: str) -> dict:
     """An independent solver that reads only text files: the approvals register's row for the
     subject names the document; the value is parsed from that document."""
     row = None
     for f in ws.files:
-        if f.text is not None and f.text.startswith("# Approvals register"):
-            lines = [line for line in f.text.splitlines() if not line.startswith("#")]
-            for r in csv.DictReader(io.StringIO("\n".join(lines))):
-                if r["subject"] == f"{subject} {gen.KIND_SPECS[kind].record_name}" and r["status"] == "approved":
-                    row = r
+        rows = register_rows(f.text) if f.text is not None else None
+        for r in rows or ():
+            if r["subject"] == f"{subject} {gen.KIND_SPECS[kind].record_name}" and r["status"] == "approved":
+                assert row is None, ws.workspace_id  # exactly one approved row for the subject
+                row = r
     assert row is not None, ws.workspace_id
     text = ws.file(row["document"]).text
     pattern = {"budget": r"^Total,(\d+)$", "policy_rate": r"^Rate: ([\d.]+) %$",
@@ -99,13 +110,24 @@ def test_labels_consistent(bench):
             assert cats["authoritative_record"] == 1 and cats["false_final_version"] == 1
             assert cats["superseded_version"] == len(members) - 2 >= 1
             by_order = sorted(members, key=lambda m: m.label.order)
-            assert [m.modified for m in by_order] == sorted(m.modified for m in by_order)
-            newest = by_order[-1]
-            assert newest.label.category == "false_final_version"
-            assert "final" in newest.name.lower()
             auth = next(m for m in members if m.label.category == "authoritative_record")
-            assert "final" not in auth.name.lower()
+            ff = next(m for m in members if m.label.category == "false_final_version")
             assert auth.path == ws.reference["source"]
+            timing = scenario_of(ws).timing
+            # order is the true version order; modification time follows it except for the one
+            # re-saved earlier member of a "resaved" workspace, which is the newest file
+            newest = max(members, key=lambda m: m.modified)
+            if timing == "resaved":
+                assert newest.label.category == "superseded_version"
+                rest = [m for m in by_order if m is not newest]
+                assert [m.modified for m in rest] == sorted(m.modified for m in rest)
+            else:
+                assert [m.modified for m in by_order] == sorted(m.modified for m in by_order)
+                assert newest is (auth if timing == "premature" else ff)
+            assert (auth.label.order > ff.label.order) == (timing == "premature")
+            for m in members:
+                if m.label.category == "superseded_version":
+                    assert m.label.order < auth.label.order
 
 
 def test_size_ranges_and_mix_fields(bench):
@@ -167,15 +189,161 @@ def test_reference_passes_and_every_decoy_answer_fails(bench):
         assert reward(ws, dict(ws.reference, source=sc.false_final.path))[0] < 1.0
 
 
-def test_filename_and_timestamp_heuristics_fail(bench):
-    """The baselines the benchmark is meant to defeat: trust the FINAL filename, or the newest
-    family member."""
+@pytest.fixture(scope="module")
+def big():
+    """A 200-workspace benchmark (50 parents x 4 variants)."""
+    return gen.generate_benchmark(gen.GeneratorConfig(seed=3, num_parents=50, variants_per_parent=4)).workspaces
+
+
+def family_files(ws):
+    return [f for f in ws.files if f.label.family]
+
+
+_CLAIMS = {"final", "approved", "latest", "signed", "current", "official"}
+
+
+def filename_pick(members):
+    """Trust the filename: a claim word in the name first, then the highest version number."""
+    def key(f):
+        tokens = re.findall(r"[a-z0-9]+", f.name.lower().rsplit(".", 1)[0])
+        versions = [int(m.group(1)) for t in tokens for m in [re.fullmatch(r"(?:v|rev)(\d+)", t)] if m]
+        return (bool(_CLAIMS & set(tokens)), max(versions, default=-1), f.path)
+    return max(members, key=key)
+
+
+def newest_pick(members):
+    return max(members, key=lambda f: (f.modified, f.path))
+
+
+def test_purported_final_is_newest_in_a_bounded_share(big):
+    """The purported final is the newest family member only in the "ordered" timing, drawn with
+    probability 0.65: over 200 workspaces the share lies well inside (0.5, 0.8) (both bounds are
+    more than four binomial standard deviations, 0.034, away from 0.65)."""
+    assert len(big) == 200
+    newest = 0
+    for ws in big:
+        members = family_files(ws)
+        ff = next(f for f in members if f.label.category == "false_final_version")
+        newest += all(ff.modified > f.modified for f in members if f is not ff)
+    assert 0.5 < newest / len(big) < 0.8, newest
+    timings = Counter(scenario_of(ws).timing for ws in big)
+    assert set(timings) == set(gen.TIMINGS)
+
+
+def test_names_do_not_give_authority_away(big):
+    """Finality words appear on some authoritative records, some purported finals have neutral
+    names, some superseded members are named final; filename- and newest-trusting choices differ."""
+    def says_final(f):
+        return "final" in re.findall(r"[a-z0-9]+", f.name.lower())
+
+    def claims(f):
+        return bool({"final", "approved"} & set(re.findall(r"[a-z0-9]+", f.name.lower())))
+
+    auth_final = ff_neutral = old_final = differ = 0
+    right = Counter()
+    for ws in big:
+        members = family_files(ws)
+        by_cat = defaultdict(list)
+        for f in members:
+            by_cat[f.label.category].append(f)
+        auth_final += says_final(by_cat["authoritative_record"][0])
+        ff = by_cat["false_final_version"][0]
+        if not claims(ff):
+            ff_neutral += 1
+            # a neutrally named purported final claims finality in its own content
+            assert scenario_of(ws).contradiction != "self_declared"
+            assert "final" in ff.text.lower()
+        old_final += any(says_final(f) for f in by_cat["superseded_version"])
+        picks = {"filename": filename_pick(members), "newest": newest_pick(members)}
+        differ += picks["filename"] is not picks["newest"]
+        for name, pick in picks.items():
+            right[name] += pick.label.category == "authoritative_record"
+    assert auth_final > 0 and ff_neutral > 0 and old_final > 0
+    assert differ > 0
+    for name in ("filename", "newest"):  # each surface cue is right sometimes and wrong sometimes
+        assert 0 < right[name] < len(big), (name, right)
+
+
+def test_former_finals_are_listed_as_superseded(big):
+    seen = 0
+    for ws in big:
+        sc = scenario_of(ws)
+        register = register_rows(ws.file(sc.evidence_of("register").path).text)
+        for m in sc.family:
+            rows = [r for r in register if r["document"] == m.path]
+            if m.former_final:
+                seen += 1
+                assert ws.file(m.path).label.category == "superseded_version" and m.stage == "final"
+                assert [r["status"] for r in rows] == ["superseded"]
+            elif m.role == "authoritative":
+                assert [r["status"] for r in rows] == ["approved"]
+            else:
+                assert rows == []
+    assert seen > 0
+
+
+def test_wording_and_directories_vary(big):
+    """Every template of every role is drawn somewhere, and every role's directory varies."""
+    styles = [scenario_of(ws).style for ws in big]
+    for name, n in gen.STYLE_CHOICES.items():
+        assert {getattr(s, name) for s in styles} == set(range(n)), name
+    auth_dirs, register_dirs = defaultdict(set), set()
+    for ws in big:
+        sc = scenario_of(ws)
+        auth_dirs[sc.kind].add(ws.file(sc.authoritative.path).directory)
+        register_dirs.add(ws.file(sc.evidence_of("register").path).directory)
+    assert all(len(d) >= 3 for d in auth_dirs.values()), auth_dirs
+    assert len(register_dirs) >= 5
+    # status lines of the authoritative record differ across workspaces of one kind
+    status = {re.search(r"^.*(?:[Ss]tatus|Stage): .*$", ws.file(scenario_of(ws).authoritative.path).text, re.M)
+              .group(0).split(": ", 1)[0] for ws in big}
+    assert len(status) >= 3
+
+
+_SHARED_HEADING_WORDS = {"project", "budget", "rate", "schedule", "references", "record", "employee"}
+"""Words a request may share with every record heading of its kind (not only its subject's)."""
+
+
+def test_headings_add_no_request_words(big):
+    """Besides the subject, a record heading shares with the request only words that every record
+    of the kind carries, so matching headings to the request selects the subject's records."""
+    def words(text):
+        return set(re.findall(r"[a-z0-9][a-z0-9\-]{2,}", text.lower()))
+
+    for ws in big:
+        sc = scenario_of(ws)
+        for m in sc.family:
+            first = next(line for line in ws.file(m.path).text.splitlines() if line.strip())
+            extra = words(first) - words(sc.subject)
+            assert extra & words(ws.request) <= _SHARED_HEADING_WORDS, (m.path, first)
+
+
+def test_fixed_line_formats(bench):
+    """The formats the offline agents and verifiers parse (see the module docstring)."""
+    patterns = {"budget": r"^Total,\d+$", "policy_rate": r"^Rate: \d+\.\d\d %$",
+                "reference_list": r"^Entries: \d+$", "employee_profile": r"^Department: \S.*$"}
     for ws in bench.workspaces:
         sc = scenario_of(ws)
-        finals = [m for m in sc.family if "final" in m.path.lower()]
-        newest = max(sc.family, key=lambda m: m.modified)
-        for pick in finals + [newest]:
-            assert reward(ws, dict(ws.reference, value=pick.value, source=pick.path))[0] < 1.0
+        records = [(m.path, sc.subject) for m in sc.family]
+        records += [(f.path, f.subject) for f in sc.fillers if f.topic == "other_subject"]
+        for path, subject in records:
+            text = ws.file(path).text
+            first = next(line for line in text.splitlines() if line.strip())
+            assert subject.casefold() in first.casefold(), (path, first)
+            assert len(re.findall(patterns[sc.kind], text, re.M)) == 1, path
+            if sc.kind == "policy_rate":
+                assert re.search(r"^Effective from: \d{4}-\d{2}-\d{2}$", text, re.M)
+        signoff = sc.evidence_of("signoff")
+        if signoff:
+            text = ws.file(signoff.path).text
+            assert text.startswith("# Sign-off record")
+            assert re.findall(r"^Document: (\S+)$", text, re.M) == [sc.authoritative.path]
+        notice = sc.evidence_of("withdrawal")
+        if notice and not notice.image:
+            text = ws.file(notice.path).text
+            assert "withdrawal notice" in text.lower()
+            assert re.findall(r"^Re: (\S+)$", text, re.M) == [sc.false_final.path]
+        assert register_rows(ws.file(sc.evidence_of("register").path).text)
 
 
 def test_checks_tolerate_bad_answers_and_accept_equivalent_forms(bench):
@@ -275,7 +443,7 @@ def test_files_state_values_and_evidence_refs(bench):
             if sc.kind == "policy_rate":
                 assert f"Effective from: {m.effective}" in text
         ff_text = ws.file(sc.false_final.path).text
-        assert ("DRAFT - NOT APPROVED" in ff_text) == (sc.contradiction == "self_declared")
+        assert ("not approved" in ff_text.lower()) == (sc.contradiction == "self_declared")
         register = ws.file(sc.evidence_of("register").path).text
         assert sc.register_ref in register and sc.fake_ref not in register
         for d in sc.decoys:
