@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
 from envsched_jax.graph.llm_clients import ScriptedChatClient
 from envsched_jax.pool.model import Check
 from envsched_jax.rethink.collection_map import (APPLIERS, Card, Collection, CollectionConfig, CollectionMap, Proposal,
-                                                 build_collection_map, coverage_problems, initial_grouping,
+                                                 build_collection_map, coordinate, coverage_problems, initial_grouping,
                                                  summarize_collection, support_problem)
-from envsched_jax.rethink.event_log import (Event, EventConfig, EventLog, PrepareConfig, Relation, build_event_log,
-                                            cycle_members, find_leaks, integrate, prepare, review_event,
-                                            review_with_repairs, structure_problems)
-from envsched_jax.rethink.roles import (ROLE_NAMES, Excerpt, HeuristicRole, LLMRoleRunner, RoleError, make_roles,
-                                        validate_output)
+from envsched_jax.rethink.event_log import (Event, EventConfig, EventLog, PrepareConfig, Relation, _synthesis_task,
+                                            build_event_log, cycle_members, find_leaks, integrate, prepare,
+                                            review_event, review_with_repairs, structure_problems, synthesize_events)
+from envsched_jax.rethink.roles import (ROLE_NAMES, Excerpt, HeuristicRole, LLMRoleRunner, RoleError, WorkspaceIndex,
+                                        make_roles, names_file, readable_text, text_index, unique_names,
+                                        validate_output, words_of)
 from envsched_jax.rethink.workspace import (FileLabel, Workspace, WorkspaceError, WorkspaceFile, load_workspace,
                                             save_workspace, tree_digest)
 
@@ -488,3 +490,114 @@ def test_role_registry_and_heuristic_conformance(ws, egs_map, egs_log):
     assert validate_output("evidence_reviewer", ws, {"event": event}, review_event(ws, {"event": event})) == []
     broken = dict(event, synthetic=False)
     assert validate_output("history_synthesizer", ws, {}, {"events": [broken]})
+
+
+# ---- precomputed workspace index ----------------------------------------------------------------
+
+def _names_file_by_rule(line, path, w, allow_stem=False):
+    """The documented naming rule written out independently of roles.names_file: the path; else
+    the file name when no other file has it; else (allow_stem) a distinctive stem; each a whole token."""
+    def mentions(token):
+        return len(token) >= 3 and re.search(r"(?<![\w/.\-])" + re.escape(token) + r"(?![\w/\-]|\.\w)", line) is not None
+    name = path.rsplit("/", 1)[-1]
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    unique = [f.name for f in w.files].count(name) == 1
+    return (mentions(path) or (unique and mentions(name))
+            or (unique and allow_stem and stem != name and re.search(r"[_\-0-9]", stem) is not None and mentions(stem)))
+
+
+def _naming_ws(ws):
+    extra = (WorkspaceFile("budget/archive/README.md", b"Archive readme; see README.md and travel_budget_v1 for the draft.\n",
+                           "2026-01-03T08:00:00Z"),
+             WorkspaceFile("notes/naming.md", "\n".join([
+                 "Superseded by budget/travel_budget_v2.md today.",
+                 "Refer to travel_budget_v1 and references_v2 for the older drafts.",
+                 "An old copy, drafts/references_v2.bib.old, is not the list.",
+                 "x/travel_budget_FINAL.md moved; README.md is ambiguous here.",
+                 "budget_register.csv, approved; see redirect.txt",
+                 "Total travel budget: 43500 EUR"]).encode() + b"\n", "2026-03-07T09:00:00Z"))
+    mixed = {"mixed/rail_a.txt": "Rail network timetable for the northern rail line.",
+             "mixed/rail_b.txt": "Rail line timetable changes on the northern network.",
+             "mixed/menu_a.txt": "Cafeteria menu: soup, bread and curry.",
+             "mixed/menu_b.txt": "Cafeteria lunch menu with curry and soup."}
+    extra += tuple(WorkspaceFile(p, t.encode(), "2026-01-04T08:00:00Z") for p, t in mixed.items())
+    extra += (WorkspaceFile("notes/travel_budget_v2.txt", b"Travel budget v2, exported.\n", "2026-02-03T09:00:00Z"),)
+    return dataclasses.replace(ws, files=ws.files + extra)
+
+
+def test_precomputed_index_gives_the_direct_results(ws, roles):
+    """A WorkspaceIndex shared by many calls (as prepare shares one), already holding earlier
+    answers, returns what the direct computation returns: lookups, naming, and every heuristic
+    role compared with a fresh computation per call."""
+    w = _naming_ws(ws)
+    shared = WorkspaceIndex(w)
+    cap = 40  # cuts several files, so prefixes differ from the full texts
+    # Lookups, asked at two caps on the same index (the cap is part of every cached key).
+    assert shared.unique == unique_names(w) and "README.md" not in shared.unique
+    for f in w.files:
+        assert shared.text(f.path) == f.text
+        for c in (cap, None):
+            assert shared.readable(f.path, c) == readable_text(f, c)
+            assert shared.words(f.path, c) == words_of(f, c)
+    assert shared.words("notes/naming.md", cap) != shared.words("notes/naming.md")
+    for c in (cap, 100_000):
+        cached, direct = shared.text_index(c), text_index(w, c)
+        assert cached.terms == direct.terms and (cached.matrix == direct.matrix).all()
+    assert shared.text_index(cap).terms != shared.text_index(100_000).terms
+    # Naming: the index (precomputed unique names, token pre-filter) against the rule itself.
+    hits = set()
+    for f in w.files:
+        if not f.text:
+            continue
+        lines = [ln.strip() for ln in f.text.splitlines() if ln.strip()]
+        for g in w.files:
+            for stem in (False, True):
+                expected = [ln for ln in lines if _names_file_by_rule(ln, g.path, w, stem)]
+                assert [ln for ln in lines if shared.names_file(ln, g.path, allow_stem=stem)] == expected
+                assert [ln for ln in lines if names_file(ln, g.path, w, allow_stem=stem)] == expected
+                assert shared.first_naming_line(lines, g.path, allow_stem=stem, within=f.text) == (expected or [None])[0]
+                hits |= {(f.path, g.path, stem) for _ in expected}
+    assert ("notes/naming.md", "budget/travel_budget_v1.md", True) in hits  # by stem only
+    assert ("notes/naming.md", "budget/travel_budget_v1.md", False) not in hits
+    assert ("notes/naming.md", "budget/archive/README.md", True) not in hits  # its name is not unique
+    assert ("notes/naming.md", "README.md", False) in hits  # ... but this one's path is "README.md"
+    assert ("notes/naming.md", "drafts/references_v2.bib", False) not in hits  # ".bib.old" is another file
+    assert ("notes/naming.md", "misc/redirect.txt", False) in hits
+    # Roles: the warm shared index against a fresh computation (index None) per call.
+    groups = initial_grouping(w, max_files=5, min_files=2)
+    with_cards = []
+    for c in groups:
+        task = {"collection_id": c.collection_id, "members": list(c.members), "settings": SMALL.settings()}
+        card = summarize_collection(w, task, shared)
+        assert card == summarize_collection(w, task)
+        with_cards.append({"collection_id": c.collection_id, "origin": c.origin, "members": list(c.members),
+                           "card": card})
+    proposals = {}
+    for silhouette in (0.99, SMALL.split_silhouette):  # the second must not reuse the first's "no split"
+        settings = dataclasses.replace(SMALL, split_silhouette=silhouette).settings()
+        task = {"collections": with_cards, "settings": settings}
+        proposals[silhouette] = coordinate(w, task, shared)["proposals"]
+        assert proposals[silhouette] == coordinate(w, task)["proposals"]
+    assert not any(p["kind"] == "split" for p in proposals[0.99])
+    assert any(p["kind"] == "split" and p["collections"] == ["c06"] for p in proposals[SMALL.split_silhouette])
+    collections = tuple(Collection(c["collection_id"], "", tuple(c["members"]), Card.from_json(c["card"]))
+                        for c in with_cards)
+    for record in proposals[SMALL.split_silhouette]:
+        proposal = Proposal.from_json(record)
+        assert (support_problem(w, collections, proposal, index=shared)
+                == support_problem(w, collections, proposal))
+    events = []
+    for mode in ("egs", "tgs"):
+        for c in groups:
+            task = _synthesis_task(w, c.members, mode, EventConfig())
+            out = synthesize_events(w, task, shared)
+            assert out == synthesize_events(w, task)
+            events += out["events"]
+    assert {e["action"] for e in events} == {"read", "write", "copy", "export"}
+    for e in events:
+        assert review_event(w, {"event": e}, shared) == review_event(w, {"event": e})
+        assert structure_problems(w, Event.from_json(e), shared) == structure_problems(w, Event.from_json(e))
+    # An index answers for its own workspace only.
+    with pytest.raises(WorkspaceError, match="index"):
+        summarize_collection(ws, {"collection_id": "c00", "members": ["README.md"]}, shared)
+

@@ -60,7 +60,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from envsched_jax.rethink.roles import Excerpt, Roles, names_file, readable_text, unique_names, words_of
+from envsched_jax.rethink.roles import Excerpt, Roles, WorkspaceIndex, index_for
+from envsched_jax.rethink.roles import TextIndex, text_index  # noqa: F401  (they lived here; kept importable)
 from envsched_jax.rethink.workspace import Workspace, WorkspaceError
 
 ORIGINS = ("directory", "split", "merge", "task_guided")
@@ -292,38 +293,8 @@ def coverage_problems(workspace: Workspace, collections: Sequence[Collection]) -
 
 # ---- heuristic Collection Summarizer / Refiner --------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class TextIndex:
-    """L2-normalised TF-IDF rows of every workspace file (row order = ``paths``)."""
-
-    paths: tuple[str, ...]
-    terms: tuple[str, ...]
-    matrix: np.ndarray
-
-    def rows(self, members: Sequence[str]) -> np.ndarray:
-        position = {p: k for k, p in enumerate(self.paths)}
-        return self.matrix[[position[p] for p in members]]
-
-    def centroid(self, members: Sequence[str]) -> np.ndarray:
-        if not members:
-            return np.zeros(self.matrix.shape[1])
-        return self.rows(members).mean(axis=0)
-
-
-def text_index(workspace: Workspace, max_text_chars: int) -> TextIndex:
-    """The workspace's TF-IDF model (see the module docstring's "themes" choice)."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-
-    docs = [re.sub(r"[_\-.]", " ", f.name.rsplit(".", 1)[0] if "." in f.name else f.name) + "\n"
-            + (readable_text(f, max_text_chars) or "") for f in workspace.files]
-    vectorizer = TfidfVectorizer(token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z]+\b", stop_words="english",
-                                 sublinear_tf=True, lowercase=True)
-    try:
-        matrix = vectorizer.fit_transform(docs).toarray()
-        terms = tuple(vectorizer.get_feature_names_out())
-    except ValueError:  # no word in any document
-        matrix, terms = np.zeros((len(docs), 0)), ()
-    return TextIndex(workspace.paths, terms, matrix)
+# TextIndex and text_index (the TF-IDF model) live in .roles, next to the WorkspaceIndex that
+# keeps one fit per preparation; they are imported above and stay importable from here.
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -336,35 +307,39 @@ def _top_terms(index: TextIndex, vector: np.ndarray, k: int) -> list[str]:
     return [index.terms[i] for i in order[:k]]
 
 
-def _gist(workspace: Workspace, path: str, max_chars: int) -> str:
-    f = workspace.file(path)
-    text = readable_text(f, max_chars)
+def _gist(index: WorkspaceIndex, path: str, max_chars: int) -> str:
+    f = index.file(path)
+    text = index.readable(path, max_chars)
     if text is None:
         return f"({f.kind}, {len(f.data)} bytes; not readable by the text tools)"
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return first[:80] if first else "(empty file)"
 
 
-def summarize_collection(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
-    """Heuristic Collection Summarizer (and Refiner): a card from the members alone."""
+def summarize_collection(workspace: Workspace, task: Mapping[str, Any],
+                         index: WorkspaceIndex | None = None) -> dict[str, Any]:
+    """Heuristic Collection Summarizer (and Refiner): a card from the members alone.
+    ``index``: the preparation's :class:`~.roles.WorkspaceIndex` (its TF-IDF fit is reused
+    across cards instead of refitting per card)."""
     settings = CollectionConfig(**task.get("settings", {}))
+    cap = settings.max_text_chars
     members = sorted(task["members"])
-    index = text_index(workspace, settings.max_text_chars)
-    centroid = index.centroid(members)
-    themes = _top_terms(index, centroid, settings.max_themes)
+    lookup = index_for(workspace, index)
+    tfidf = lookup.text_index(cap)
+    centroid = tfidf.centroid(members)
+    themes = _top_terms(tfidf, centroid, settings.max_themes)
     theme_set = set(themes)
-    text_members = [p for p in members if readable_text(workspace.file(p), settings.max_text_chars)]
-    ranked = sorted(text_members, key=lambda p: (-_cosine(index.rows([p])[0], centroid), p))
+    text_members = [p for p in members if lookup.readable(p, cap)]
+    ranked = sorted(text_members, key=lambda p: (-_cosine(tfidf.rows([p])[0], centroid), p))
     evidence = []
     for p in ranked[:settings.max_evidence]:
-        lines = [line.strip() for line in readable_text(workspace.file(p), settings.max_text_chars).splitlines()]
+        lines = [line.strip() for line in lookup.readable(p, cap).splitlines()]
         lines = [line for line in lines if line]
         if lines:
             best = max(range(len(lines)), key=lambda k: (len(set(words_of_line(lines[k])) & theme_set), -k))
             evidence.append({"path": p, "quote": lines[best][:160]})
     return {"collection_id": task["collection_id"], "themes": themes,
-            "contents": [{"path": p, "kind": workspace.file(p).kind, "gist": _gist(workspace, p, settings.max_text_chars)}
-                         for p in members],
+            "contents": [{"path": p, "kind": lookup.file(p).kind, "gist": _gist(lookup, p, cap)} for p in members],
             "evidence": evidence, "source_paths": members}
 
 
@@ -374,17 +349,23 @@ def words_of_line(line: str) -> list[str]:
 
 # ---- heuristic Semantic Coordinator -------------------------------------------------------------
 
-def coordinate(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
+def coordinate(workspace: Workspace, task: Mapping[str, Any], index: WorkspaceIndex | None = None) -> dict[str, Any]:
     """Heuristic Semantic Coordinator: merge (similar mean vectors, shared themes, combined size
     within ``max_files``, neither collection inside the other), split (2-means with a clear silhouette, support words common to the
     part split off and absent from the rest), transfer (a single-membership file much closer to
     another collection's mean), overlap (a file whose text names a file of another collection
-    joins that collection)."""
+    joins that collection).
+
+    ``index``: the preparation's :class:`~.roles.WorkspaceIndex`. The overlap scan looks at
+    every ordered pair of files; with the index it tests the few tokens that can name a file
+    against the whole text first and reads lines only when one occurs."""
     settings = CollectionConfig(**task.get("settings", {}))
+    cap = settings.max_text_chars
     collections = [(c["collection_id"], list(c["members"]), c.get("card") or {}) for c in task["collections"]
                    if c.get("origin") != "task_guided"]
-    index = text_index(workspace, settings.max_text_chars)
-    centroids = {cid: index.centroid(members) for cid, members, _ in collections}
+    lookup = index_for(workspace, index)
+    tfidf = lookup.text_index(cap)
+    centroids = {cid: tfidf.centroid(members) for cid, members, _ in collections}
     themes = {cid: list(card.get("themes", ())) for cid, _, card in collections}
     proposals: list[dict[str, Any]] = []
 
@@ -397,14 +378,16 @@ def coordinate(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
                 proposals.append({"kind": "merge", "collections": [a, b], "paths": [], "support": shared,
                                   "rationale": f"cards share themes {shared}"})
 
-    words = {f.path: words_of(f, settings.max_text_chars) for f in workspace.files}
+    words = {f.path: lookup.words(f.path, cap) for f in workspace.files}
     for cid, members, _ in collections:
-        part = _split_part(index, members, settings)
+        # A collection unchanged since the last round has the same split: computed once per index.
+        key = ("split_part", tuple(members), cap, settings.seed, settings.split_silhouette)
+        part = list(lookup.derived(key, lambda: tuple(_split_part(tfidf, members, settings))))
         if part:
             rest = [p for p in members if p not in part]
             common = set.intersection(*(set(words[p]) for p in part)) - set().union(*(words[p] for p in rest))
-            weight = index.centroid(part)
-            term_pos = {t: k for k, t in enumerate(index.terms)}
+            weight = tfidf.centroid(part)
+            term_pos = {t: k for k, t in enumerate(tfidf.terms)}
             support = sorted(common, key=lambda t: (-(weight[term_pos[t]] if t in term_pos else 0.0), t))[:3]
             if support:
                 proposals.append({"kind": "split", "collections": [cid], "paths": part, "support": support,
@@ -420,8 +403,8 @@ def coordinate(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
         for p in members:
             if len(membership[p]) != 1:
                 continue
-            x = index.rows([p])[0]
-            own = _cosine(x, index.centroid([q for q in members if q != p]))
+            x = tfidf.rows([p])[0]
+            own = _cosine(x, tfidf.centroid([q for q in members if q != p]))
             best = None
             for other, other_members, _ in collections:
                 if other == cid or len(other_members) >= settings.max_files:
@@ -439,13 +422,14 @@ def coordinate(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
 
     seen = set()
     for f in workspace.files:
-        text = readable_text(f, settings.max_text_chars)
+        text = lookup.readable(f.path, cap)
         if not text or f.path not in membership:
             continue
+        lines = text.splitlines()
         for g in workspace.files:
             if g.path == f.path or g.path not in membership:
                 continue
-            line = next((ln for ln in text.splitlines() if names_file(ln, g.path, workspace)), None)
+            line = lookup.first_naming_line(lines, g.path, within=text)
             if line is None:
                 continue
             token = g.path if g.path in line else g.name
@@ -460,16 +444,25 @@ def coordinate(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _split_part(index: TextIndex, members: Sequence[str], settings: CollectionConfig) -> list[str]:
-    """The smaller cluster of a clear 2-means split of the members (``[]`` when none)."""
+    """The smaller cluster of a clear 2-means split of the members (``[]`` when none).
+
+    KMeans runs with OpenMP held to one thread. Why: for fewer than 256 rows (scikit-learn's
+    chunk size; a collection is far smaller) its Lloyd iterations use one thread anyway and only
+    the final inertia sum is spread over the cores, and on a loaded machine each such tiny
+    parallel region waited milliseconds for a busy core (n_init=10 runs per call, every
+    coordinator round). One thread gives the same labels except when two different clusterings'
+    inertias differ by less than rounding, and makes the split independent of the core count."""
     if len(members) < 4 or index.matrix.shape[1] == 0:
         return []
     from sklearn.cluster import KMeans
     from sklearn.metrics import silhouette_score
+    from threadpoolctl import threadpool_limits
 
     x = index.rows(members)
     if np.linalg.matrix_rank(x) < 2:
         return []
-    labels = KMeans(n_clusters=2, n_init=10, random_state=settings.seed).fit_predict(x)
+    with threadpool_limits(limits=1, user_api="openmp"):
+        labels = KMeans(n_clusters=2, n_init=10, random_state=settings.seed).fit_predict(x)
     if min(np.bincount(labels, minlength=2)) < 2:
         return []
     if silhouette_score(x, labels, metric="cosine") < settings.split_silhouette:
@@ -478,7 +471,8 @@ def _split_part(index: TextIndex, members: Sequence[str], settings: CollectionCo
     return [p for p, lab in zip(members, labels) if lab != first]
 
 
-def heuristic_role_functions() -> dict[str, Callable[[Workspace, Mapping[str, Any]], Any]]:
+def heuristic_role_functions() -> dict[str, Callable[[Workspace, Mapping[str, Any], WorkspaceIndex | None], Any]]:
+    """Role name -> ``fn(workspace, task, index)`` (``index`` may be ``None``)."""
     return {"collection_summarizer": summarize_collection, "collection_refiner": summarize_collection,
             "semantic_coordinator": coordinate}
 
@@ -486,9 +480,11 @@ def heuristic_role_functions() -> dict[str, Callable[[Workspace, Mapping[str, An
 # ---- support check, appliers, pipeline ----------------------------------------------------------
 
 def support_problem(workspace: Workspace, collections: Sequence[Collection], proposal: Proposal,
-                    *, max_text_chars: int = 100_000) -> str | None:
+                    *, max_text_chars: int = 100_000, index: WorkspaceIndex | None = None) -> str | None:
     """``None`` when the proposal is well formed and its support is found in the current cards or
-    member paths and files (rules in the module docstring); else the reason to reject it."""
+    member paths and files (rules in the module docstring); else the reason to reject it.
+    ``index``: an optional :class:`~.roles.WorkspaceIndex` of ``workspace`` (same answer)."""
+    lookup = index_for(workspace, index)
     by_id = {c.collection_id: c for c in collections}
     arity = {"merge": 2, "split": 1, "transfer": 2, "overlap": 2}
     if proposal.kind not in arity:
@@ -503,14 +499,14 @@ def support_problem(workspace: Workspace, collections: Sequence[Collection], pro
         return f"collection(s) {fixed} are task-guided groups, kept as built"
     if not proposal.support:
         return "no support given"
-    unknown = [p for p in proposal.paths if p not in set(workspace.paths)]
+    unknown = [p for p in proposal.paths if p not in lookup.paths]
     if unknown:
         return f"paths {unknown} are not files of the workspace"
     first = by_id[proposal.collections[0]]
     second = by_id[proposal.collections[1]] if len(proposal.collections) > 1 else None
     paths = set(proposal.paths)
     themes = lambda c: set(c.card.themes) if c.card else set()  # noqa: E731
-    words = {p: words_of(workspace.file(p), max_text_chars) for p in proposal.paths}
+    words = {p: lookup.words(p, max_text_chars) for p in proposal.paths}
 
     if proposal.kind == "merge":
         if paths:
@@ -532,13 +528,12 @@ def support_problem(workspace: Workspace, collections: Sequence[Collection], pro
         bad = [s for s in proposal.support if s not in themes(second) or any(s not in words[p] for p in paths)]
         return (f"support {bad} is not both a theme of {second.collection_id} and a word of the moved files"
                 if bad else None)
-    names = unique_names(workspace)
-    targets = {m: m for m in second.members} | {n: p for n, p in names.items() if p in second.members}
+    targets = {m: m for m in second.members} | {n: p for n, p in lookup.unique.items() if p in second.members}
     bad = []
     for s in proposal.support:
         member = targets.get(s)
         ok = member is not None and all(
-            any(names_file(line, member, workspace) for line in (readable_text(workspace.file(p), max_text_chars) or "").splitlines())
+            any(lookup.names_file(line, member) for line in (lookup.readable(p, max_text_chars) or "").splitlines())
             for p in paths)
         if not ok:
             bad.append(s)
@@ -603,19 +598,19 @@ def _card_task(c: Collection, config: CollectionConfig) -> dict[str, Any]:
             "previous_card": None if c.card is None else c.card.to_json(), "settings": config.settings()}
 
 
-def _write_cards(workspace, collections, ids, role, config, notes):
+def _write_cards(workspace, collections, ids, role, config, notes, index=None):
     out = []
     for c in collections:
         if c.collection_id not in ids:
             out.append(c)
             continue
         task = _card_task(c, config)
-        outcome = role(workspace, task)
+        outcome = role(workspace, task, index)
         if outcome.ok:
             card = Card.from_json(outcome.value)
         else:
             notes.append(f"{role.name} failed for {c.collection_id} ({outcome.reason}); heuristic card used")
-            card = Card.from_json(summarize_collection(workspace, task))
+            card = Card.from_json(summarize_collection(workspace, task, index))
         out.append(dataclasses.replace(c, card=card))
     return tuple(out)
 
@@ -634,11 +629,16 @@ def _task_guided_collections(workspace: Workspace, collections: tuple[Collection
 
 
 def build_collection_map(workspace: Workspace, roles: Roles, *, mode: Literal["egs", "tgs"] = "egs",
-                         config: CollectionConfig = CollectionConfig()) -> CollectionMap:
-    """Section 4.1's semantic regrouping (see the module docstring for every step)."""
+                         config: CollectionConfig = CollectionConfig(),
+                         index: WorkspaceIndex | None = None) -> CollectionMap:
+    """Section 4.1's semantic regrouping (see the module docstring for every step).
+
+    ``index``: the :class:`~.roles.WorkspaceIndex` of ``workspace`` to share with the roles
+    (built here when ``None``); it only saves recomputation, the map is the same."""
     if mode not in ("egs", "tgs"):
         raise WorkspaceError(f"mode must be 'egs' or 'tgs', got {mode!r}", source=f"workspace {workspace.workspace_id!r}",
                              field="mode")
+    index = index_for(workspace, index)
     notes: list[str] = []
     collections = initial_grouping(workspace, max_files=config.max_files, min_files=config.min_files)
     if mode == "tgs":
@@ -646,20 +646,21 @@ def build_collection_map(workspace: Workspace, roles: Roles, *, mode: Literal["e
     problems = coverage_problems(workspace, collections)
     if problems:
         raise WorkspaceError(f"initial grouping breaks coverage: {problems}", source=f"workspace {workspace.workspace_id!r}")
-    collections = _write_cards(workspace, collections, {c.collection_id for c in collections}, roles.summarizer, config, notes)
+    collections = _write_cards(workspace, collections, {c.collection_id for c in collections}, roles.summarizer, config,
+                               notes, index)
     history: list[ChangeRecord] = []
     issued = int(_next_id(collections)[1:])
     for round_ in range(1, config.rounds + 1):
         task = {"collections": [{"collection_id": c.collection_id, "origin": c.origin, "members": list(c.members),
                                  "card": c.card.to_json()} for c in collections], "settings": config.settings()}
-        outcome = roles.coordinator(workspace, task)
+        outcome = roles.coordinator(workspace, task, index)
         if not outcome.ok:
             notes.append(f"round {round_}: {roles.coordinator.name} failed ({outcome.reason}); no proposals")
             break
         applied = 0
         for record in outcome.value["proposals"]:
             proposal = Proposal.from_json(record)
-            why = support_problem(workspace, collections, proposal, max_text_chars=config.max_text_chars)
+            why = support_problem(workspace, collections, proposal, max_text_chars=config.max_text_chars, index=index)
             if why is not None:
                 history.append(ChangeRecord(round_, proposal, "rejected", f"unsupported: {why}"))
                 continue
@@ -668,7 +669,7 @@ def build_collection_map(workspace: Workspace, roles: Roles, *, mode: Literal["e
             if problems:
                 history.append(ChangeRecord(round_, proposal, "rejected", f"coverage check failed: {problems}"))
                 continue
-            collections = _write_cards(workspace, candidate, set(affected), roles.refiner, config, notes)
+            collections = _write_cards(workspace, candidate, set(affected), roles.refiner, config, notes, index)
             history.append(ChangeRecord(round_, proposal, "applied"))
             issued += proposal.kind == "split"
             applied += 1

@@ -69,7 +69,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envsched_jax.rethink.collection_map import CollectionConfig, CollectionMap, build_collection_map
-from envsched_jax.rethink.roles import ACTIONS, BASES, RELATIONS, TIME_PATTERN, Excerpt, Roles, names_file, readable_text
+from envsched_jax.rethink.roles import (ACTIONS, BASES, RELATIONS, TIME_PATTERN, Excerpt, Roles, WorkspaceIndex,
+                                        index_for)
 from envsched_jax.rethink.workspace import CATEGORIES, Workspace, WorkspaceError
 
 ACTOR = "synthetic-actor"
@@ -218,33 +219,33 @@ def _lines(text: str | None) -> list[str]:
     return [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
 
 
-def _latest(workspace: Workspace, paths: Sequence[str]) -> str:
-    return max(workspace.file(p).modified for p in paths)
+def _latest(index: WorkspaceIndex, paths: Sequence[str]) -> str:
+    return max(index.file(p).modified for p in paths)
 
 
-def _event(workspace, action, inputs, outputs, excerpts, relation, note, when=None) -> dict[str, Any]:
-    when = when or _latest(workspace, outputs or list(inputs) + [e[0] for e in excerpts])
+def _event(index: WorkspaceIndex, action, inputs, outputs, excerpts, relation, note, when=None) -> dict[str, Any]:
+    when = when or _latest(index, outputs or list(inputs) + [e[0] for e in excerpts])
     return {"event_id": "", "action": action, "actor": ACTOR, "timestamp": when, "inputs": list(inputs),
             "outputs": list(outputs), "excerpts": [{"path": p, "quote": q} for p, q in excerpts],
             "relation": None if relation is None else dict(zip(("kind", "source", "target", "basis"), relation)),
             "note": note, "synthetic": True}
 
 
-def _naming_event(workspace: Workspace, x: str, y: str, line: str) -> dict[str, Any]:
+def _naming_event(index: WorkspaceIndex, x: str, y: str, line: str) -> dict[str, Any]:
     quote = [(x, line)]
     if _WITHDRAW.search(line):
-        return _event(workspace, "write", [y], [x], quote, ("withdraws", x, y, "quoted"),
+        return _event(index, "write", [y], [x], quote, ("withdraws", x, y, "quoted"),
                       f"{x} names {y} in withdrawal language")
     if _SUPERSEDED_BY.search(line):
-        return _event(workspace, "write", [x], [y], quote, ("supersedes", y, x, "quoted"),
+        return _event(index, "write", [x], [y], quote, ("supersedes", y, x, "quoted"),
                       f"{x} says it is replaced by {y}")
     if _SUPERSEDES.search(line):
-        return _event(workspace, "write", [y], [x], quote, ("supersedes", x, y, "quoted"), f"{x} says it replaces {y}")
+        return _event(index, "write", [y], [x], quote, ("supersedes", x, y, "quoted"), f"{x} says it replaces {y}")
     if _CONFIRMS.search(line):
-        return _event(workspace, "write", [y], [x], quote, ("confirms", x, y, "quoted"), f"{x} states a confirmation of {y}")
+        return _event(index, "write", [y], [x], quote, ("confirms", x, y, "quoted"), f"{x} states a confirmation of {y}")
     if _REDIRECTS.search(line):
-        return _event(workspace, "write", [], [x], quote, ("redirects", x, y, "quoted"), f"{x} points readers to {y}")
-    return _event(workspace, "read", [y], [], quote, ("cites", x, y, "quoted"), f"{x} refers to {y}")
+        return _event(index, "write", [], [x], quote, ("redirects", x, y, "quoted"), f"{x} points readers to {y}")
+    return _event(index, "read", [y], [], quote, ("cites", x, y, "quoted"), f"{x} refers to {y}")
 
 
 def _stem(path: str) -> str:
@@ -252,12 +253,18 @@ def _stem(path: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def synthesize_events(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
+def synthesize_events(workspace: Workspace, task: Mapping[str, Any],
+                      index: WorkspaceIndex | None = None) -> dict[str, Any]:
     """Heuristic History Synthesizer over ``task["paths"]`` (event shapes in the module
-    docstring). TGS tasks add ``labels``, ``request`` and ``rubric`` (check texts)."""
+    docstring). TGS tasks add ``labels``, ``request`` and ``rubric`` (check texts).
+
+    ``index``: the preparation's :class:`~.roles.WorkspaceIndex`. The naming scan pairs every
+    batch file with every workspace file; with the index a pair whose naming tokens do not occur
+    in the text at all costs a few substring tests, and texts are not decoded again."""
     settings = EventConfig(**task.get("settings", {}))
     cap = settings.max_text_chars
-    batch = [p for p in task["paths"] if p in set(workspace.paths)]
+    lookup = index_for(workspace, index)
+    batch = [p for p in task["paths"] if p in lookup.paths]
     labels = task.get("labels") or {}
     events: list[dict[str, Any]] = []
 
@@ -265,15 +272,16 @@ def synthesize_events(workspace: Workspace, task: Mapping[str, Any]) -> dict[str
         return x in (labels.get(y) or {}).get("evidence", ()) or y in (labels.get(x) or {}).get("evidence", ())
 
     for x in batch:
-        lines = _lines(readable_text(workspace.file(x), cap))
+        text = lookup.readable(x, cap)
+        lines = _lines(text)
         for g in workspace.files:
             if g.path == x:
                 continue
-            line = next((ln for ln in lines if names_file(ln, g.path, workspace, allow_stem=linked(x, g.path))), None)
+            line = lookup.first_naming_line(lines, g.path, allow_stem=linked(x, g.path), within=text)
             if line is not None:
-                events.append(_naming_event(workspace, x, g.path, line))
+                events.append(_naming_event(lookup, x, g.path, line))
 
-    texts = {f.path: set(_lines(readable_text(f, cap))) for f in workspace.files if f.kind == "text"}
+    texts = {f.path: set(_lines(lookup.readable(f.path, cap))) for f in workspace.files if f.kind == "text"}
     chrono = sorted(workspace.files, key=lambda f: (f.modified, f.path))
     rank = {f.path: k for k, f in enumerate(chrono)}
     for n in batch:
@@ -284,21 +292,21 @@ def synthesize_events(workspace: Workspace, task: Mapping[str, Any]) -> dict[str
         if older:
             o = older[-1]
             line = min(values & texts[o])
-            events.append(_event(workspace, "copy", [o], [n], [(o, line), (n, line)], ("copies", n, o, "inferred"),
+            events.append(_event(lookup, "copy", [o], [n], [(o, line), (n, line)], ("copies", n, o, "inferred"),
                                  f"{n} repeats a value line of {o}"))
     for n in batch:
-        older = [f.path for f in chrono[:rank[n]] if _stem(f.path) == _stem(n) and f.name != workspace.file(n).name]
+        older = [f.path for f in chrono[:rank[n]] if _stem(f.path) == _stem(n) and f.name != lookup.file(n).name]
         if older:
-            events.append(_event(workspace, "export", [older[-1]], [n], [], None, f"{n} looks exported from {older[-1]}"))
+            events.append(_event(lookup, "export", [older[-1]], [n], [], None, f"{n} looks exported from {older[-1]}"))
 
     if task.get("mode") == "tgs":
-        events += _task_guided_events(workspace, task, batch, settings)
+        events += _task_guided_events(lookup, task, batch, settings)
     for k, e in enumerate(events):
         e["event_id"] = f"h{k:03d}"
     return {"events": events}
 
 
-def _task_guided_events(workspace: Workspace, task: Mapping[str, Any], batch: Sequence[str],
+def _task_guided_events(index: WorkspaceIndex, task: Mapping[str, Any], batch: Sequence[str],
                         settings: EventConfig) -> list[dict[str, Any]]:
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
@@ -312,17 +320,17 @@ def _task_guided_events(workspace: Workspace, task: Mapping[str, Any], batch: Se
     for family in sorted(families):
         chain = [p for _, p in sorted(families[family])]
         for prev, nxt in zip(chain, chain[1:]):
-            lines = _lines(readable_text(workspace.file(nxt), cap))
+            lines = _lines(index.readable(nxt, cap))
             if nxt not in batch or not lines:
                 continue
-            shared = sorted(set(lines) & set(_lines(readable_text(workspace.file(prev), cap))))
-            events.append(_event(workspace, "write", [prev], [nxt], [(nxt, shared[0] if shared else lines[0])], None,
+            shared = sorted(set(lines) & set(_lines(index.readable(prev, cap))))
+            events.append(_event(index, "write", [prev], [nxt], [(nxt, shared[0] if shared else lines[0])], None,
                                  f"{nxt} drafted after {prev}"))
     source = " ".join([task.get("request", "")] + list(task.get("rubric", ())))
     terms = {w for w in re.findall(r"[a-z][a-z]+", source.lower()) if len(w) >= 4 and w not in ENGLISH_STOP_WORDS}
     scored = []
     for p in batch:
-        for k, ln in enumerate(_lines(readable_text(workspace.file(p), cap))):
+        for k, ln in enumerate(_lines(index.readable(p, cap))):
             hits = len(terms & set(re.findall(r"[a-z][a-z]+", ln.lower())))
             if hits >= 2:
                 scored.append((-hits, p, k, ln))
@@ -331,15 +339,17 @@ def _task_guided_events(workspace: Workspace, task: Mapping[str, Any], batch: Se
         if p not in chosen and len(chosen) < settings.max_task_reads:
             chosen[p] = ln
     for p in sorted(chosen):
-        events.append(_event(workspace, "read", [p], [], [(p, chosen[p])], None, f"{p} consulted for the request"))
+        events.append(_event(index, "read", [p], [], [(p, chosen[p])], None, f"{p} consulted for the request"))
     return events
 
 
 # ---- deterministic checks, reviewer, repair -----------------------------------------------------
 
-def structure_problems(workspace: Workspace, event: Event) -> list[tuple[str, str]]:
-    """Deterministic checks of one event: ``(code, detail)`` pairs, empty when it is sound."""
-    paths = set(workspace.paths)
+def structure_problems(workspace: Workspace, event: Event, index: WorkspaceIndex | None = None) -> list[tuple[str, str]]:
+    """Deterministic checks of one event: ``(code, detail)`` pairs, empty when it is sound.
+    ``index``: an optional :class:`~.roles.WorkspaceIndex` of ``workspace`` (same answer)."""
+    index = index_for(workspace, index)
+    paths = index.paths
     out = []
     if not event.event_id:
         out.append(("bad_structure", "empty event_id"))
@@ -361,9 +371,9 @@ def structure_problems(workspace: Workspace, event: Event) -> list[tuple[str, st
     for e in event.excerpts:
         if e.path not in paths:
             out.append(("missing_path", f"excerpt from {e.path!r}, which is not a file of the workspace"))
-        elif workspace.file(e.path).text is None:
+        elif index.text(e.path) is None:
             out.append(("excerpt_not_text", f"excerpt from {e.path!r}, which is not a text file"))
-        elif not e.quote or e.quote not in workspace.file(e.path).text:
+        elif not e.quote or e.quote not in index.text(e.path):
             out.append(("excerpt_not_verbatim", f"{e.quote[:60]!r} does not occur in {e.path!r}"))
     r = event.relation
     if r is not None:
@@ -386,13 +396,15 @@ _R_FORWARD = re.compile(r"\b(supersedes|replaces|obsoletes)\b", re.IGNORECASE)
 _R_BACKWARD = re.compile(r"\b(superseded by|replaced by|obsoleted by)\b", re.IGNORECASE)
 
 
-def review_event(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
+def review_event(workspace: Workspace, task: Mapping[str, Any], index: WorkspaceIndex | None = None) -> dict[str, Any]:
     """Heuristic Evidence Reviewer: re-reads the files of ``task["event"]`` and checks its
     excerpts, action and relation (rules in the module docstring); a relation that needs a
-    quote is never supported by timestamps."""
+    quote is never supported by timestamps. ``index``: an optional
+    :class:`~.roles.WorkspaceIndex` of ``workspace`` (same answer)."""
+    index = index_for(workspace, index)
     event = Event.from_json(task["event"])
     problems: list[tuple[str, str]] = []
-    text = {p: workspace.file(p).text for p in event.files() if p in set(workspace.paths)}
+    text = {p: index.text(p) for p in event.files() if p in index.paths}
     quotes = [(e.path, e.quote) for e in event.excerpts if text.get(e.path) is not None and e.quote in text[e.path]]
     for e in event.excerpts:
         if (e.path, e.quote) not in quotes:
@@ -420,12 +432,12 @@ def review_event(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any
             problems.append(("relation_needs_quote", f"a {r.kind} relation must be quoted, not {r.basis}"))
         source_lines = [q for p, q in quotes if p == r.source]
         target_lines = [q for p, q in quotes if p == r.target]
-        naming = [q for q in source_lines if names_file(q, r.target, workspace, allow_stem=True)]
+        naming = [q for q in source_lines if index.names_file(q, r.target, allow_stem=True)]
         if r.kind == "withdraws":
             ok = any(_R_WITHDRAW.search(q) for q in naming)
         elif r.kind == "supersedes":
             ok = (any(_R_FORWARD.search(q) for q in naming)
-                  or any(_R_BACKWARD.search(q) and names_file(q, r.source, workspace, allow_stem=True)
+                  or any(_R_BACKWARD.search(q) and index.names_file(q, r.source, allow_stem=True)
                          for q in target_lines))
         elif r.kind == "copies":
             ok = shared_quote(r.source, r.target)
@@ -440,14 +452,16 @@ def review_event(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any
             "problems": [{"code": c, "detail": d} for c, d in problems]}
 
 
-def repair_event(workspace: Workspace, event: Event, problems: Sequence[tuple[str, str]]) -> Event | None:
+def repair_event(workspace: Workspace, event: Event, problems: Sequence[tuple[str, str]],
+                 index: WorkspaceIndex | None = None) -> Event | None:
     """Drop excerpts that are not verbatim in a text file and, when the relation is unsupported,
     the relation; ``None`` when a problem is not repairable or nothing would change."""
     codes = {c for c, _ in problems}
     if codes - set(REPAIRABLE):
         return None
-    excerpts = tuple(e for e in event.excerpts if e.path in set(workspace.paths)
-                     and workspace.file(e.path).text is not None and e.quote and e.quote in workspace.file(e.path).text)
+    index = index_for(workspace, index)
+    excerpts = tuple(e for e in event.excerpts if e.path in index.paths
+                     and index.text(e.path) is not None and e.quote and e.quote in index.text(e.path))
     relation = None if codes & {"relation_unsupported", "relation_needs_quote"} else event.relation
     note = event.note if relation is event.relation else f"{event.note} [relation dropped: unsupported]"
     repaired = dataclasses.replace(event, excerpts=excerpts, relation=relation, note=note)
@@ -482,8 +496,9 @@ def cycle_members(events: Sequence[Event]) -> set[str]:
     return on_cycle
 
 
-def order_events(workspace: Workspace, task: Mapping[str, Any]) -> dict[str, Any]:
-    """Heuristic Timeline Integrator: Kahn's topological order, ties by (timestamp, id)."""
+def order_events(workspace: Workspace, task: Mapping[str, Any], index: WorkspaceIndex | None = None) -> dict[str, Any]:
+    """Heuristic Timeline Integrator: Kahn's topological order, ties by (timestamp, id).
+    (``index`` is accepted for the role interface; ordering reads no file.)"""
     events = [Event.from_json(e) for e in task["events"]]
     by_id = {e.event_id: e for e in events}
     succ = _edges(events)
@@ -578,7 +593,8 @@ def find_leaks(log: Mapping[str, Any], workspace: Workspace, *, window: int = 5)
 
 # ---- pipeline -----------------------------------------------------------------------------------
 
-def heuristic_role_functions() -> dict[str, Callable[[Workspace, Mapping[str, Any]], Any]]:
+def heuristic_role_functions() -> dict[str, Callable[[Workspace, Mapping[str, Any], WorkspaceIndex | None], Any]]:
+    """Role name -> ``fn(workspace, task, index)`` (``index`` may be ``None``)."""
     return {"history_synthesizer": synthesize_events, "evidence_reviewer": review_event,
             "timeline_integrator": order_events}
 
@@ -595,14 +611,17 @@ class EventReport:
                 "notes": list(self.notes), "leaks": list(self.leaks)}
 
 
-def review_with_repairs(workspace: Workspace, event: Event, reviewer, max_repairs: int) -> tuple[Event | None, tuple[str, ...]]:
+def review_with_repairs(workspace: Workspace, event: Event, reviewer, max_repairs: int,
+                        index: WorkspaceIndex | None = None) -> tuple[Event | None, tuple[str, ...]]:
     """Deterministic checks, then the reviewer; repair and retry up to ``max_repairs`` times.
-    Returns (accepted event, ()) or (None, reasons)."""
+    Returns (accepted event, ()) or (None, reasons). ``index``: the preparation's
+    :class:`~.roles.WorkspaceIndex`, shared with the checks and the reviewer."""
+    index = index_for(workspace, index)
     repairs = 0
     while True:
-        problems = structure_problems(workspace, event)
+        problems = structure_problems(workspace, event, index)
         if not problems:
-            outcome = reviewer(workspace, {"event": event.to_json()})
+            outcome = reviewer(workspace, {"event": event.to_json()}, index)
             if not outcome.ok:
                 problems = [("reviewer_failed", outcome.reason)]
             elif outcome.value["verdict"] == "reject":
@@ -612,13 +631,14 @@ def review_with_repairs(workspace: Workspace, event: Event, reviewer, max_repair
         reasons = tuple(f"{c}: {d}" for c, d in problems)
         if repairs >= max_repairs:
             return None, reasons + (f"repair budget of {max_repairs} spent",)
-        repaired = repair_event(workspace, event, problems)
+        repaired = repair_event(workspace, event, problems, index)
         if repaired is None:
             return None, reasons + ("not repairable",)
         event, repairs = repaired, repairs + 1
 
 
-def integrate(workspace: Workspace, events: Sequence[Event], integrator, step_seconds: int) -> tuple[tuple[Event, ...], list[Discard], list[str]]:
+def integrate(workspace: Workspace, events: Sequence[Event], integrator, step_seconds: int,
+              index: WorkspaceIndex | None = None) -> tuple[tuple[Event, ...], list[Discard], list[str]]:
     """Drop events on causal cycles, order the rest (the role, checked; the deterministic order
     when the role fails) and re-time them."""
     cyclic = cycle_members(events)
@@ -627,7 +647,7 @@ def integrate(workspace: Workspace, events: Sequence[Event], integrator, step_se
     kept = [e for e in events if e.event_id not in cyclic]
     notes = []
     task = {"events": [e.to_json() for e in kept]}
-    outcome = integrator(workspace, task)
+    outcome = integrator(workspace, task, index)
     if outcome.ok:
         order = outcome.value["order"]
     else:
@@ -647,12 +667,17 @@ def _synthesis_task(workspace: Workspace, paths: Sequence[str], mode: str, confi
 
 
 def build_event_log(workspace: Workspace, collection_map: CollectionMap, roles: Roles, *,
-                    mode: Literal["egs", "tgs"] = "egs", config: EventConfig = EventConfig()) -> tuple[EventLog, EventReport]:
-    """Section 4.1's evidence-reviewed histories (steps in the module docstring)."""
+                    mode: Literal["egs", "tgs"] = "egs", config: EventConfig = EventConfig(),
+                    index: WorkspaceIndex | None = None) -> tuple[EventLog, EventReport]:
+    """Section 4.1's evidence-reviewed histories (steps in the module docstring).
+
+    ``index``: the :class:`~.roles.WorkspaceIndex` of ``workspace`` to share with the roles and
+    checks (built here when ``None``); it only saves recomputation, the log is the same."""
+    index = index_for(workspace, index)
     notes: list[str] = []
     proposed: dict[str, Event] = {}
     for c in collection_map.collections:
-        outcome = roles.synthesizer(workspace, _synthesis_task(workspace, c.members, mode, config))
+        outcome = roles.synthesizer(workspace, _synthesis_task(workspace, c.members, mode, config), index)
         if not outcome.ok:
             notes.append(f"{roles.synthesizer.name} failed for {c.collection_id}: {outcome.reason}")
             continue
@@ -663,7 +688,7 @@ def build_event_log(workspace: Workspace, collection_map: CollectionMap, roles: 
     candidates = [dataclasses.replace(e, event_id=f"ev{k:04d}") for k, e in enumerate(ordered)]
     accepted, discards = [], []
     for event in candidates:
-        kept, reasons = review_with_repairs(workspace, event, roles.reviewer, config.max_repairs)
+        kept, reasons = review_with_repairs(workspace, event, roles.reviewer, config.max_repairs, index)
         if kept is None:
             discards.append(Discard(event, reasons))
         else:
@@ -678,7 +703,8 @@ def build_event_log(workspace: Workspace, collection_map: CollectionMap, roles: 
             else:
                 clean.append(event)
         accepted = clean
-    events, cycle_discards, integration_notes = integrate(workspace, accepted, roles.integrator, config.step_seconds)
+    events, cycle_discards, integration_notes = integrate(workspace, accepted, roles.integrator, config.step_seconds,
+                                                          index)
     discards += cycle_discards
     notes += integration_notes
     log = EventLog(workspace.workspace_id, mode, events)
@@ -716,8 +742,10 @@ def prepare(workspace: Workspace, *, mode: Literal["egs", "tgs"] = "egs", roles:
         raise WorkspaceError(f"mode must be 'egs' or 'tgs', got {mode!r}", source=source, field="mode")
     if mode == "tgs" and not workspace.labels():
         raise WorkspaceError("TGS needs file labels and this workspace has none", source=source, field="label")
-    cmap = build_collection_map(workspace, roles, mode=mode, config=config.collection)
-    log, report = build_event_log(workspace, cmap, roles, mode=mode, config=config.events)
+    # One index for the whole preparation: every step and role call shares its lookups.
+    index = WorkspaceIndex(workspace)
+    cmap = build_collection_map(workspace, roles, mode=mode, config=config.collection, index=index)
+    log, report = build_event_log(workspace, cmap, roles, mode=mode, config=config.events, index=index)
     full_report = {"workspace_id": workspace.workspace_id, "mode": mode, "backend": roles.backend,
                    "rejected_proposals": [h.to_json() for h in cmap.history if h.status == "rejected"],
                    "collection_notes": list(cmap.notes), **report.to_json()}

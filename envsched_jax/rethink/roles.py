@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import jsonschema
+import numpy as np
 
 from envsched_jax.rethink.workspace import Workspace, WorkspaceError, WorkspaceFile
 
@@ -84,19 +85,31 @@ def unique_names(workspace: Workspace) -> dict[str, str]:
     return {name: paths[0] for name, paths in count.items() if len(paths) == 1}
 
 
-def names_file(line: str, path: str, workspace: Workspace, *, allow_stem: bool = False) -> bool:
+def naming_tokens(path: str, unique: Mapping[str, str], *, allow_stem: bool = False) -> tuple[str, ...]:
+    """The strings by which a line can name the file at ``path`` (:func:`names_file`), in the
+    order they are tried: its path; its file name when ``unique`` (the workspace's
+    :func:`unique_names`) maps that name to it; with ``allow_stem``, also its stem when distinctive."""
+    tokens = [path]
+    name = path.rsplit("/", 1)[-1]
+    if unique.get(name) == path:
+        tokens.append(name)
+        stem = name.rsplit(".", 1)[0] if "." in name else name
+        if allow_stem and stem != name and re.search(r"[_\-0-9]", stem):
+            tokens.append(stem)
+    return tuple(tokens)
+
+
+def names_file(line: str, path: str, workspace: Workspace, *, allow_stem: bool = False,
+               unique: Mapping[str, str] | None = None) -> bool:
     """Whether ``line`` names the file at ``path``: by its path, or by its file name when no other
     file has that name (``allow_stem``: also by the name without extension when that stem is a
-    distinctive identifier, i.e. holds ``_``, ``-`` or a digit)."""
-    if _mentions(line, path):
-        return True
-    name = path.rsplit("/", 1)[-1]
-    if unique_names(workspace).get(name) != path:
-        return False
-    if _mentions(line, name):
-        return True
-    stem = name.rsplit(".", 1)[0] if "." in name else name
-    return allow_stem and stem != name and bool(re.search(r"[_\-0-9]", stem)) and _mentions(line, stem)
+    distinctive identifier, i.e. holds ``_``, ``-`` or a digit).
+
+    ``unique``: the workspace's :func:`unique_names` when the caller has it (a
+    :class:`WorkspaceIndex` does); without it every call makes a pass over all files, which is
+    what made the pairwise scans quadratic in calls and cubic in time."""
+    unique = unique_names(workspace) if unique is None else unique
+    return any(_mentions(line, token) for token in naming_tokens(path, unique, allow_stem=allow_stem))
 
 
 def _mentions(line: str, token: str) -> bool:
@@ -130,6 +143,139 @@ def words_of(f: WorkspaceFile, max_chars: int | None = None) -> frozenset[str]:
     return frozenset(WORD.findall(re.sub(r"[_\-./]", " ", text)))
 
 
+@dataclasses.dataclass(frozen=True)
+class TextIndex:
+    """L2-normalised TF-IDF rows of every workspace file (row order = ``paths``); the model is
+    described in :mod:`.collection_map` (the "themes" choice)."""
+
+    paths: tuple[str, ...]
+    terms: tuple[str, ...]
+    matrix: np.ndarray
+    position: Mapping[str, int] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # Row lookup by path, built once: rows() is called per member in ranking loops.
+        object.__setattr__(self, "position", {p: k for k, p in enumerate(self.paths)})
+
+    def rows(self, members: Sequence[str]) -> np.ndarray:
+        return self.matrix[[self.position[p] for p in members]]
+
+    def centroid(self, members: Sequence[str]) -> np.ndarray:
+        if not members:
+            return np.zeros(self.matrix.shape[1])
+        return self.rows(members).mean(axis=0)
+
+
+def text_index(workspace: Workspace, max_text_chars: int) -> TextIndex:
+    """The workspace's TF-IDF model (see :mod:`.collection_map`'s "themes" choice): a document
+    is the file name without extension (``_-.`` read as spaces) plus its readable text."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    docs = [re.sub(r"[_\-.]", " ", f.name.rsplit(".", 1)[0] if "." in f.name else f.name) + "\n"
+            + (readable_text(f, max_text_chars) or "") for f in workspace.files]
+    vectorizer = TfidfVectorizer(token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z]+\b", stop_words="english",
+                                 sublinear_tf=True, lowercase=True)
+    try:
+        matrix = vectorizer.fit_transform(docs).toarray()
+        terms = tuple(vectorizer.get_feature_names_out())
+    except ValueError:  # no word in any document
+        matrix, terms = np.zeros((len(docs), 0)), ()
+    return TextIndex(workspace.paths, terms, matrix)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceIndex:
+    """Lookups over one workspace that preparation asks for again and again, computed once.
+
+    Why it exists: the heuristic roles and the deterministic checks put the same questions to a
+    workspace thousands of times per preparation (the file at a path, its decoded text, which
+    file names are unique, a file's words, the TF-IDF model). Recomputed on every call they made
+    a 70-file workspace take several seconds. :func:`~.event_log.prepare` builds one index and
+    passes it explicitly to every step and role call (``role(workspace, task, index)``); there
+    is no global cache, so an index lives as long as the preparation that made it.
+
+    Every answer is a pure function of the workspace (and, for ``words`` and ``text_index``, of
+    ``max_chars``: those are kept per value asked for), so code given an index returns exactly
+    what it returns without one; the tests compare both paths. The workspace is immutable
+    (frozen records of bytes), so the index cannot go stale.
+    """
+
+    workspace: Workspace
+    files: Mapping[str, WorkspaceFile] = dataclasses.field(init=False, repr=False)
+    paths: frozenset[str] = dataclasses.field(init=False, repr=False)
+    texts: Mapping[str, str | None] = dataclasses.field(init=False, repr=False)
+    unique: Mapping[str, str] = dataclasses.field(init=False, repr=False)
+    _derived: dict[tuple[Any, ...], Any] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        files = {f.path: f for f in self.workspace.files}
+        object.__setattr__(self, "files", files)
+        object.__setattr__(self, "paths", frozenset(files))
+        object.__setattr__(self, "texts", {p: f.text for p, f in files.items()})  # decoded once
+        object.__setattr__(self, "unique", unique_names(self.workspace))
+        object.__setattr__(self, "_derived", {})
+
+    def file(self, path: str) -> WorkspaceFile:
+        if path not in self.files:
+            raise KeyError(f"workspace {self.workspace.workspace_id!r} has no file {path!r}")
+        return self.files[path]
+
+    def text(self, path: str) -> str | None:
+        """``file(path).text`` without decoding the bytes again."""
+        self.file(path)
+        return self.texts[path]
+
+    def readable(self, path: str, max_chars: int | None = None) -> str | None:
+        """:func:`readable_text` of the file at ``path``."""
+        text = self.text(path)
+        return text if text is None or max_chars is None else text[:max_chars]
+
+    def derived(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, run once per ``key`` for this index. Only for values that are a pure
+        function of the workspace and of what ``key`` names (every input other than the
+        workspace must be in the key); treat the value as read-only."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
+
+    def words(self, path: str, max_chars: int | None = None) -> frozenset[str]:
+        """:func:`words_of` of the file at ``path``."""
+        return self.derived(("words", path, max_chars), lambda: words_of(self.file(path), max_chars))
+
+    def text_index(self, max_chars: int) -> TextIndex:
+        """:func:`text_index` of the workspace (one TF-IDF fit per ``max_chars``)."""
+        return self.derived(("text_index", max_chars), lambda: text_index(self.workspace, max_chars))
+
+    def names_file(self, line: str, path: str, *, allow_stem: bool = False) -> bool:
+        """:func:`names_file` with the precomputed unique names."""
+        return names_file(line, path, self.workspace, allow_stem=allow_stem, unique=self.unique)
+
+    def first_naming_line(self, lines: Sequence[str], path: str, *, allow_stem: bool = False,
+                          within: str | None = None) -> str | None:
+        """The first of ``lines`` that names ``path`` (:meth:`names_file`), or ``None``.
+
+        ``within``: a text that contains every line (the text they were split from). A token
+        absent from it is in no line, so only the tokens it contains are matched line by line;
+        in a pairwise scan most file pairs then cost a few substring tests, with the same answer.
+        """
+        tokens = [t for t in naming_tokens(path, self.unique, allow_stem=allow_stem)
+                  if within is None or t in within]
+        if not tokens:
+            return None
+        return next((ln for ln in lines if any(_mentions(ln, t) for t in tokens)), None)
+
+
+def index_for(workspace: Workspace, index: WorkspaceIndex | None = None) -> WorkspaceIndex:
+    """``index`` when given (it must index this very workspace: another's would give that
+    workspace's answers), else a fresh index (a caller without one pays for one build)."""
+    if index is None:
+        return WorkspaceIndex(workspace)
+    if index.workspace is not workspace:
+        raise WorkspaceError(f"the index given is of workspace {index.workspace.workspace_id!r}, not of this "
+                             "workspace object", source=f"workspace {workspace.workspace_id!r}", field="index")
+    return index
+
+
 # ---- outcome and interface ----------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +290,14 @@ class RoleOutcome:
 
 
 class Role(Protocol):
+    """``role(workspace, task, index=None)``. ``index``: a :class:`WorkspaceIndex` of
+    ``workspace`` the caller already has (lookups only); a role answers the same with or without
+    it."""
+
     name: str
 
-    def __call__(self, workspace: Workspace, task: Mapping[str, Any]) -> RoleOutcome:
+    def __call__(self, workspace: Workspace, task: Mapping[str, Any],
+                 index: WorkspaceIndex | None = None) -> RoleOutcome:
         ...
 
 
@@ -213,10 +364,11 @@ ROLE_SCHEMAS: dict[str, dict[str, Any]] = {
 
 # ---- validation ---------------------------------------------------------------------------------
 
-def reference_problems(workspace: Workspace, value: Any) -> list[str]:
+def reference_problems(workspace: Workspace, value: Any, index: WorkspaceIndex | None = None) -> list[str]:
     """Every string under a :data:`PATH_KEYS` key that is not a workspace path, and every
     ``{"path", "quote"}`` excerpt whose quote does not occur verbatim in that text file."""
-    paths = set(workspace.paths)
+    index = index_for(workspace, index)
+    paths = index.paths
     problems: list[str] = []
     stack = [value]
     while stack:
@@ -234,7 +386,7 @@ def reference_problems(workspace: Workspace, value: Any) -> list[str]:
             if isinstance(item, (dict, list)):
                 stack.append(item)
         if isinstance(node.get("path"), str) and isinstance(node.get("quote"), str) and node["path"] in paths:
-            text = workspace.file(node["path"]).text
+            text = index.text(node["path"])
             if text is None:
                 problems.append(f"excerpt from {node['path']!r}, which is not a text file")
             elif node["quote"] not in text:
@@ -313,15 +465,17 @@ SEMANTIC_CHECKS: dict[str, Callable[[Workspace, Mapping[str, Any], Any], list[st
 }
 
 
-def validate_output(role: str, workspace: Workspace, task: Mapping[str, Any], value: Any) -> list[str]:
+def validate_output(role: str, workspace: Workspace, task: Mapping[str, Any], value: Any,
+                    index: WorkspaceIndex | None = None) -> list[str]:
     """All problems of a role's output: JSON schema, file references and quotes, semantics.
-    Empty when the output is valid."""
+    Empty when the output is valid. ``index``: an optional :class:`WorkspaceIndex` of
+    ``workspace`` (same answer, fewer passes over the files)."""
     validator = jsonschema.Draft202012Validator(ROLE_SCHEMAS[role])
     problems = [f"schema: {'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
                 for e in sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))]
     if problems:
         return problems
-    return reference_problems(workspace, value) + SEMANTIC_CHECKS[role](workspace, task, value)
+    return reference_problems(workspace, value, index) + SEMANTIC_CHECKS[role](workspace, task, value)
 
 
 # ---- backends -----------------------------------------------------------------------------------
@@ -329,14 +483,19 @@ def validate_output(role: str, workspace: Workspace, task: Mapping[str, Any], va
 @dataclasses.dataclass(frozen=True)
 class HeuristicRole:
     """A deterministic role implementation ``fn(workspace, task) -> JSON``, validated like an
-    LLM's reply (an invalid output is rejected with the problems, attempts 1)."""
+    LLM's reply (an invalid output is rejected with the problems, attempts 1).
+
+    ``uses_index``: ``fn`` takes a third argument, the caller's :class:`WorkspaceIndex` (or
+    ``None``), so that it need not rebuild its lookups on every call; the built-in heuristics do."""
 
     name: str
-    fn: Callable[[Workspace, Mapping[str, Any]], Any]
+    fn: Callable[..., Any]
+    uses_index: bool = False
 
-    def __call__(self, workspace: Workspace, task: Mapping[str, Any]) -> RoleOutcome:
-        value = self.fn(workspace, task)
-        problems = validate_output(self.name, workspace, task, value)
+    def __call__(self, workspace: Workspace, task: Mapping[str, Any],
+                 index: WorkspaceIndex | None = None) -> RoleOutcome:
+        value = self.fn(workspace, task, index) if self.uses_index else self.fn(workspace, task)
+        problems = validate_output(self.name, workspace, task, value, index)
         if problems:
             return RoleOutcome(False, None, f"heuristic {self.name} produced invalid output: {problems}")
         return RoleOutcome(True, value)
@@ -453,7 +612,8 @@ class LLMRoleRunner:
         if self.max_repairs < 0:
             raise RoleError(f"max_repairs must be >= 0, got {self.max_repairs}", field="max_repairs")
 
-    def __call__(self, workspace: Workspace, task: Mapping[str, Any]) -> RoleOutcome:
+    def __call__(self, workspace: Workspace, task: Mapping[str, Any],
+                 index: WorkspaceIndex | None = None) -> RoleOutcome:
         messages = build_messages(self.name, workspace, task, max_file_chars=self.max_file_chars)
         problems: list[str] = []
         for attempt in range(1, self.max_repairs + 2):
@@ -463,7 +623,7 @@ class LLMRoleRunner:
                 problems = [f"the call failed: {reply.error}"]
             else:
                 value, why = parse_json_object(reply.text)
-                problems = [why] if why else validate_output(self.name, workspace, task, value)
+                problems = [why] if why else validate_output(self.name, workspace, task, value, index)
                 if not problems:
                     return RoleOutcome(True, value, "", attempt)
                 if reply.finish_reason == "length":
@@ -497,7 +657,7 @@ def _heuristic_roles(client: Any = None, **_: Any) -> Roles:
     from envsched_jax.rethink import collection_map, event_log
 
     fns = collection_map.heuristic_role_functions() | event_log.heuristic_role_functions()
-    return Roles("heuristic", *(HeuristicRole(name, fns[name]) for name in ROLE_NAMES))
+    return Roles("heuristic", *(HeuristicRole(name, fns[name], uses_index=True) for name in ROLE_NAMES))
 
 
 def _llm_roles(client: Any = None, *, max_repairs: int = 2, max_tokens: int = 2048, seed: int = 0,
