@@ -311,6 +311,29 @@ def test_later_timestamp_alone_never_establishes_withdrawal(ws, roles):
     assert not any(e.relation and e.relation.source == "notes/meeting.md" for e in log.events)
 
 
+def test_a_withdrawal_wrapped_over_lines_is_read_as_one_sentence(ws, roles):
+    """A notice naming the file on a header line and withdrawing it in a sentence wrapped over
+    two lines: the quote is the verbatim sentence (wrapped lines joined, a header block counts as
+    one sentence), and the reviewer accepts it; without withdrawal words it only cites."""
+    body = (b"Re: drafts/references_final.bib\n\nThe list references_final.bib circulated on 1 March\n"
+            b"as the final list is withdrawn.\nUse the register.\n")
+    public = ws.public()      # EGS needs no labels (and the removed notice is label evidence)
+    target = "drafts/references_final.bib"
+
+    def relations(data: bytes):
+        notice = WorkspaceFile("notices/wrapped.txt", data, "2026-03-03T09:00:00Z")
+        w = dataclasses.replace(public, files=tuple(f for f in public.files if f.path != "notices/withdrawal_notice.md")
+                                + (notice,))
+        log, _ = build_event_log(w, build_collection_map(w, roles, config=SMALL), roles)
+        return [(e.relation.kind, e.excerpts[0].quote) for e in log.events
+                if e.relation and e.relation.source == "notices/wrapped.txt" and e.relation.target == target]
+
+    assert relations(b"NOTICE\n" + body) == [
+        ("withdraws", "The list references_final.bib circulated on 1 March\nas the final list is withdrawn.")]
+    assert relations(b"WITHDRAWAL NOTICE\n" + body) == [("withdraws", "WITHDRAWAL NOTICE\nRe: drafts/references_final.bib")]
+    assert [k for k, _ in relations(b"NOTICE\n" + body.replace(b"is withdrawn", b"is attached"))] == ["cites"]
+
+
 def test_deterministic_checks_and_unrepairable_discard(ws, roles):
     base = Event("ev9", "read", "synthetic-actor", "2026-03-01T00:00:00Z", ("drafts/references_v2.bib",), (),
                  (Excerpt("drafts/references_v2.bib", "title = {Rail network maintenance},"),))

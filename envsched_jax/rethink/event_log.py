@@ -248,6 +248,54 @@ def _naming_event(index: WorkspaceIndex, x: str, y: str, line: str) -> dict[str,
     return _event(index, "read", [y], [], quote, ("cites", x, y, "quoted"), f"{x} refers to {y}")
 
 
+_STRONG = (_WITHDRAW, _SUPERSEDED_BY, _SUPERSEDES)
+_SENTENCE_END = (".", "!", "?", ":")
+
+
+def _sentence(text: str, line: str, max_lines: int = 3) -> str:
+    """The sentence around ``line`` in ``text``, verbatim: extended backwards over earlier lines
+    of the same paragraph that do not end a sentence, and forwards until a line ends one (at
+    most ``max_lines`` lines each way; a blank line always ends it). A statement wrapped over
+    lines ("The document x.csv circulated on ...\nas the final budget ... is withdrawn.") is
+    one unit."""
+    start = text.find(line)
+    if start < 0:
+        return line
+    end = start + len(line)
+    for _ in range(max_lines):
+        before = text.rfind("\n", 0, max(start - 1, 0))
+        prev = text[before + 1:start - 1] if start > 0 else ""
+        if start == 0 or not prev.strip() or prev.rstrip().endswith(_SENTENCE_END):
+            break
+        start = before + 1
+    for _ in range(max_lines):
+        if text[start:end].rstrip().endswith(_SENTENCE_END) or end >= len(text):
+            break
+        nxt = text.find("\n", end + 1)
+        following = text[end + 1:nxt if nxt >= 0 else len(text)]
+        if not following.strip():
+            break
+        end = nxt if nxt >= 0 else len(text)
+    return text[start:end]
+
+
+def _strongest_unit(index: WorkspaceIndex, text: str, lines: Sequence[str], path: str, allow_stem: bool,
+                    first: str) -> str:
+    """The quote for a file X naming ``path``: the first sentence (:func:`_sentence`) around a
+    line naming ``path`` that states withdrawal or supersession, else the first naming line.
+    Choice: a notice often names the file on one line ("Re: x.csv") and withdraws it in a
+    wrapped sentence below; reading only the first naming line missed every such withdrawal."""
+    if not any(rx.search(text) for rx in _STRONG):
+        return first
+    for ln in lines:
+        if not index.names_file(ln, path, allow_stem=allow_stem):
+            continue
+        unit = _sentence(text, ln)
+        if any(rx.search(unit) for rx in _STRONG):
+            return unit
+    return first
+
+
 def _stem(path: str) -> str:
     name = path.rsplit("/", 1)[-1]
     return name.rsplit(".", 1)[0] if "." in name else name
@@ -277,9 +325,10 @@ def synthesize_events(workspace: Workspace, task: Mapping[str, Any],
         for g in workspace.files:
             if g.path == x:
                 continue
-            line = lookup.first_naming_line(lines, g.path, allow_stem=linked(x, g.path), within=text)
+            stem = linked(x, g.path)
+            line = lookup.first_naming_line(lines, g.path, allow_stem=stem, within=text)
             if line is not None:
-                events.append(_naming_event(lookup, x, g.path, line))
+                events.append(_naming_event(lookup, x, g.path, _strongest_unit(lookup, text, lines, g.path, stem, line)))
 
     texts = {f.path: set(_lines(lookup.readable(f.path, cap))) for f in workspace.files if f.kind == "text"}
     chrono = sorted(workspace.files, key=lambda f: (f.modified, f.path))
