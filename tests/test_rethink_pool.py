@@ -24,6 +24,7 @@ from envsched_jax.rethink.workspace import (
     save_workspace,
     scan_directory,
     tree_digest,
+    workspace_from_directory,
 )
 
 from sandbox_helpers import sandbox_param
@@ -154,6 +155,28 @@ def test_scan_names_every_bad_input(tmp_path):
     assert {(s.path, s.reason) for s in result.skipped} == {
         ("docs/escape.txt", "symlink_outside"), ("docs/alias.txt", "symlink"), ("docs/huge.log", "too_large")}
     assert {(s.path, s.reason) for s in result.notes} == {("docs/empty.txt", "empty"), ("docs/latin1.txt", "not_utf8")}
+
+
+def test_a_raw_directory_becomes_a_workspace_and_runs(tmp_path):
+    root = tmp_path / "mine"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "plan.txt").write_text("Plan approved\nTotal: 120\n")
+    (root / "docs" / "scan.png").write_bytes(PNG)
+    os.symlink(tmp_path, root / "docs" / "up")                 # a directory link out of the tree
+    before = tree_digest(root)
+    ws, scan = workspace_from_directory(root, workspace_id="mine-1", request="What is the approved total?",
+                                        rubric=RUBRIC[:1], reference={"value": 120})
+    assert tree_digest(root) == before
+    assert ws.paths == ("docs/plan.txt", "docs/scan.png") and [s.reason for s in scan.skipped] == ["symlink_outside"]
+    pool = workspace_pool([ws])
+    run = run_episode(pool.environments[0], pool.tasks[0],
+                      [Action("read_file", {"path": "docs/plan.txt"}), Action("submit_answer", {"answer": {"value": 120}}),
+                       Action("chat_with_user", {"message": "done"})])
+    assert run.reward == 1.0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(WorkspaceError, match="no readable file"):
+        workspace_from_directory(empty, workspace_id="e", request="x", rubric=RUBRIC[:1])
 
 
 def test_bad_records_are_named():

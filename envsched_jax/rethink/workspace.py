@@ -457,6 +457,23 @@ def scan_directory(root: str | Path, *, max_file_bytes: int = DEFAULT_MAX_FILE_B
     return ScanResult(tuple(files), tuple(skipped), tuple(notes))
 
 
+def workspace_from_directory(root: str | Path, *, workspace_id: str, request: str, rubric: Sequence[Check],
+                             reference: Mapping[str, Any] | None = None, parent_task: str = "",
+                             max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> tuple[Workspace, ScanResult]:
+    """A workspace from a raw directory of your own (unlabelled): the files :func:`scan_directory`
+    keeps, your request and rubric. Returns the scan too, whose ``skipped`` and ``notes`` name
+    every file left out or kept with a caveat, and why. The directory is only read.
+
+    ``reference`` (the outcome that passes the rubric) may be omitted for workspaces used only
+    for preparation or verification; evolution needs it."""
+    scan = scan_directory(root, max_file_bytes=max_file_bytes)
+    if not scan.files:
+        raise WorkspaceError("no readable file in the directory" + (
+            f" ({len(scan.skipped)} skipped: " + ", ".join(f"{s.path} ({s.reason})" for s in scan.skipped[:5]) + ")"
+            if scan.skipped else ""), source=str(root))
+    return Workspace(workspace_id, request, scan.files, tuple(rubric), dict(reference or {}), parent_task), scan
+
+
 def tree_digest(root: str | Path) -> str:
     """SHA-256 over every entry under ``root`` (path, type, bytes or link target), without
     following links: equal digests before and after a step show it modified nothing there."""
