@@ -6,8 +6,9 @@ rounds with the chosen evolver, and writes:
 
 - ``<out>/variants/``: the validated variants of the last round, as a pool folder (resumable: a
   rerun skips variants already written with the same content);
-- ``<out>/evolution.json``: per seed, every attempt's validation failures, refusals with their
-  reason, and the paired results (Delta_{i,m} = 100 (p_evolved - p_seed), h_i) per agent.
+- ``<out>/evolution.json``: per seed, every attempt's validation failures and (for validated
+  variants) the agents' failed-check summaries, which feed the next round; refusals with their
+  reason; and the paired results (Delta_{i,m} = 100 (p_evolved - p_seed), h_i) per agent.
 
 Usage:
     python experiments/rethink_generate.py --out runs/rethink_pool
@@ -55,9 +56,12 @@ def main(args: Args) -> dict:
     config = EvolveConfig(rounds=args.rounds, attempts=args.attempts, seed=args.seed)
     report, variants, pairs = [], {split: [] for split in splits}, []
     seeds = [(split, ws) for split, items in splits.items() for ws in items]
+    def answers(variant):       # each agent's answer on a validated variant: the execution feedback
+        return {name: run_agent(name, variant).answer for name in args.agents}
+
     for split, ws in track(seeds, description="evolving"):
         try:
-            attempts = evolve(ws, evolver, config)
+            attempts = evolve(ws, evolver, config, evaluate=answers)
         except EvolutionError as err:
             report.append({"seed": ws.workspace_id, "refused": err.reason})
             continue
@@ -65,6 +69,7 @@ def main(args: Args) -> dict:
         report.append({"seed": ws.workspace_id, "attempts": [
             {"round": v.round, "workspace_id": v.workspace.workspace_id, "passed": v.validation.passed,
              "failures": list(v.validation.failures), "points": [p.kind for p in v.points],
+             "execution_feedback": v.history[-1].get("execution_feedback", []),
              "chain": [v.validation.chain_seed, v.validation.chain_variant]} for v in attempts]})
         if valid and valid[-1].round == args.rounds:
             variants[split].append(valid[-1].workspace)

@@ -12,7 +12,8 @@ fails if preparation changed anything there.
 Usage:
     python experiments/rethink_generate.py --out runs/rethink_pool
     python experiments/rethink_prepare.py --pool runs/rethink_pool --out runs/rethink_prepared
-    python experiments/rethink_prepare.py --pool runs/rethink_pool --modes tgs --backend llm --base-url http://localhost:8000/v1 --model Qwen/Qwen3-8B
+    python experiments/rethink_prepare.py --pool runs/rethink_pool --modes tgs --backend openai --base-url http://localhost:8000/v1 --model Qwen/Qwen3-8B
+    python experiments/rethink_prepare.py --pool runs/rethink_pool --backend jax --policy smollm2
 """
 
 from __future__ import annotations
@@ -39,29 +40,46 @@ class Args:
     """Pool folder to prepare (only read)."""
     out: Path = Path("runs/rethink_prepared")
     modes: tuple[Literal["egs", "tgs"], ...] = ("egs", "tgs")
-    backend: Literal["heuristic", "llm"] = "heuristic"
-    """Role backend: the deterministic heuristic roles, or an OpenAI-compatible server (vLLM)."""
+    backend: Literal["heuristic", "openai", "jax"] = "heuristic"
+    """Role backend: the deterministic heuristic roles; an OpenAI-compatible server (vLLM:
+    ``--base-url``, ``--model``); or the in-process JAX model (``--policy``). LLM outputs are
+    validated (JSON schema, files that exist, verbatim quotes) and repaired or rejected."""
     base_url: str = "http://localhost:8000/v1"
-    """LLM backend: the server's OpenAI-compatible base URL."""
+    """openai backend: the server's OpenAI-compatible base URL."""
     model: str = ""
-    """LLM backend: the served model's name."""
+    """openai backend: the served model's name."""
+    policy: str = ""
+    """jax backend: a policy spec or checkpoint for envsched_jax.learner.models.load_policy."""
+    max_context: int = 8192
+    """jax backend: the sampler's context (prompt plus reply tokens)."""
     config: PrepareConfig = PrepareConfig()
 
 
 def _roles(args: Args):
+    """(roles, close): the role bundle and what releases its backend."""
     if args.backend == "heuristic":
-        return make_roles("heuristic")
-    if not args.model:
-        raise SystemExit("--backend llm needs --model (the served model's name)")
-    from envsched_jax.graph.llm_clients import OpenAIChatClient
+        return make_roles("heuristic"), lambda: None
+    from envsched_jax.graph.llm_clients import BackendChatClient, OpenAIChatClient
 
-    return make_roles("llm", client=OpenAIChatClient(args.base_url, args.model))
+    if args.backend == "openai":
+        if not args.model:
+            raise SystemExit("--backend openai needs --model (the served model's name)")
+        return make_roles("llm", client=OpenAIChatClient(args.base_url, args.model)), lambda: None
+    if not args.policy:
+        raise SystemExit("--backend jax needs --policy (what envsched_jax.learner.models.load_policy loads)")
+    from envsched_jax.learner import models
+    from envsched_jax.rollout.backends.jax_sampler import JaxSamplerBackend
+
+    policy = models.load_policy(args.policy)
+    sampler = JaxSamplerBackend(policy, max_batch=1, max_context=args.max_context)
+    client = BackendChatClient(sampler, policy.tokenizer, f"jax:{args.policy}")
+    return make_roles("llm", client=client), sampler.close
 
 
 def main(args: Args) -> dict:
     before = tree_digest(args.pool)
     splits = read_pool(args.pool)
-    roles = _roles(args)
+    roles, close = _roles(args)
     counts = collections.Counter()
     jobs = [(mode, split, ws) for mode in args.modes for split, items in splits.items() for ws in items]
     for mode, split, ws in track(jobs, description="preparing"):
@@ -84,6 +102,7 @@ def main(args: Args) -> dict:
         counts["prepared"] += 1
         counts[f"{mode}_events"] += len(layer.event_log.events)
         counts[f"{mode}_collections"] += len(layer.collection_map.collections)
+    close()
     if tree_digest(args.pool) != before:
         raise SystemExit(f"preparation modified the pool folder {args.pool}: this is a bug, please report it")
     summary = {"jobs": len(jobs), **counts, "pool_unchanged": True}

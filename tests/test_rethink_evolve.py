@@ -183,3 +183,24 @@ def test_paired_evaluation_runs_agents_on_both_arms():
     r = paired_evaluation([(seed, variant)], {"recorded": recorded, "oracle": oracle}, trials=2)
     assert r.seed_success.tolist() == [[1.0, 1.0]] and r.variant_success.tolist() == [[0.0, 1.0]]
     assert r.h.tolist() == [1]
+
+
+def test_execution_feedback_reaches_the_next_round():
+    """Agents' answers on a validated variant become failed-check summaries; a kind every agent
+    passed moves to the end of the next round's preference."""
+    seed = seed_workspace()
+    recorded = {"value": 4800, "source": "finance/plan_v2.txt"}
+    variants = evolve(seed, HeuristicEvolver(), EvolveConfig(rounds=2, seed=7),
+                      evaluate=lambda ws: {"recorded": recorded, "oracle": ws.reference})
+    first = variants[0].history[0]
+    assert len(first["execution_feedback"]) == 3
+    for line, point in zip(first["execution_feedback"], variants[0].points):
+        assert line.startswith(f"execution: {point.kind} check ")
+        assert ("failed by ['recorded']" in line) == (run_rubric([point.check], recorded)[0] < 1.0)
+    second = [h for h in variants[-1].history if h["round"] == 2][0]
+    assert second["feedback_in"] == first["execution_feedback"]
+    passed_by_all = {p.kind for p, line in zip(variants[0].points, first["execution_feedback"])
+                     if "passed by every agent" in line}
+    ranked = HeuristicEvolver()._kinds(np.random.default_rng(0), first["execution_feedback"])
+    preferred = [k for k in POINT_KINDS if k not in passed_by_all]      # kinds that exposed a failure, or new
+    assert set(ranked[:len(preferred)]) == set(preferred[:len(ranked)]) or set(ranked) <= set(preferred)

@@ -415,10 +415,13 @@ class HeuristicEvolver:
         return Proposal(tuple(files), reference, rubric, tuple(points))
 
     def _kinds(self, rng, feedback) -> list[str]:
-        """``num_points`` distinct kinds in a seeded order; a kind named in the feedback (it
-        failed validation last time) moves to the end of the preference."""
+        """``num_points`` distinct kinds in a seeded order; a kind named in the feedback moves to
+        the end of the preference when it failed validation last attempt, or when the last
+        round's check of that kind was passed by every agent (it did not make the task harder:
+        the next round favours the kinds that exposed failures)."""
         order = [POINT_KINDS[k] for k in rng.permutation(len(POINT_KINDS))]
-        failed = {k for k in POINT_KINDS if any(k in line for line in feedback)}
+        failed = {k for k in POINT_KINDS for line in feedback
+                  if k in line and (not line.startswith("execution:") or "passed by every agent" in line)}
         order = [k for k in order if k not in failed] + [k for k in order if k in failed]
         return order[: self.config.num_points]
 
@@ -450,26 +453,45 @@ class EvolveConfig:
     seed: int = 0
 
 
-def evolve(seed: Workspace, evolver: Evolver, config: EvolveConfig = EvolveConfig()) -> list[Variant]:
+def execution_feedback(points: Sequence[DecisionPoint], answers: Mapping[str, Any]) -> list[str]:
+    """Failed-check summaries of a validated variant (section 4.2, "Validation and feedback"):
+    for each decision point, which agents' answers its check rejected (``answers``: agent name ->
+    the answer it submitted on the variant)."""
+    lines = []
+    for point in points:
+        failed = sorted(name for name, answer in answers.items() if run_rubric([point.check], answer)[0] < 1.0)
+        lines.append(f"execution: {point.kind} check failed by {failed}" if failed
+                     else f"execution: {point.kind} check passed by every agent")
+    return lines
+
+
+def evolve(seed: Workspace, evolver: Evolver, config: EvolveConfig = EvolveConfig(), *,
+           evaluate: Callable[[Workspace], Mapping[str, Any]] | None = None) -> list[Variant]:
     """Evolve ``seed`` for ``config.rounds`` rounds. Each round tries up to ``attempts`` proposals,
-    feeding each failed validation's failures to the next (section 4.2: failed-check summaries
-    guide subsequent evolution); a round that yields no valid variant ends the lineage. Returns
-    every attempted variant (valid or not) in order."""
+    feeding each failed validation's failures to the next attempt; with ``evaluate`` (variant ->
+    each agent's submitted answer) a validated variant's execution feedback
+    (:func:`execution_feedback`) is recorded and fed to the next round (section 4.2: failed-check
+    summaries guide subsequent evolution). A round that yields no valid variant ends the
+    lineage. Returns every attempted variant (valid or not) in order."""
     rng = np.random.default_rng([config.seed, int(hashlib.sha256(seed.workspace_id.encode()).hexdigest()[:8], 16)])
     current, history, out = seed, [], []
+    carried: list[str] = []
     for round_no in range(1, config.rounds + 1):
-        feedback: list[str] = []
+        feedback: list[str] = list(carried)
         accepted = None
         for attempt in range(config.attempts):
             proposal = evolver.propose(current, history=history, feedback=feedback, rng=rng)
             candidate = assemble(current, proposal, round_no=round_no, evolver=evolver.name)
             validation = validate(current, candidate, proposal.points)
             record = {"round": round_no, "attempt": attempt, "workspace_id": candidate.workspace_id,
-                      "passed": validation.passed, "failures": list(validation.failures)}
+                      "passed": validation.passed, "failures": list(validation.failures), "feedback_in": list(feedback)}
+            if validation.passed and evaluate is not None:
+                record["execution_feedback"] = execution_feedback(proposal.points, evaluate(candidate))
             history.append(record)
             out.append(Variant(candidate, seed.workspace_id, round_no, proposal.points, validation, tuple(history)))
             if validation.passed:
                 accepted = candidate
+                carried = list(record.get("execution_feedback", []))
                 break
             feedback = list(validation.failures)
         if accepted is None:
