@@ -14,6 +14,7 @@ Usage:
     python experiments/rethink_generate.py --out runs/rethink_pool
     python experiments/rethink_evolve.py --pool runs/rethink_pool --out runs/rethink_evolved
     python experiments/rethink_evolve.py --pool runs/rethink_pool --rounds 2 --evolver.num-points 4
+    python experiments/rethink_evolve.py --pool runs/rethink_pool --backend openai --model Qwen/Qwen3-8B
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal
 
 import tyro
 from rich.progress import track
@@ -31,6 +33,8 @@ from envsched_jax.rethink.evolve import (
     EvolveConfig,
     HeuristicEvolver,
     HeuristicEvolverConfig,
+    LLMEvolver,
+    LLMEvolverConfig,
     evolve,
     paired_evaluation,
 )
@@ -47,12 +51,26 @@ class Args:
     """Proposals per round before it gives up (each failure summary feeds the next)."""
     seed: int = 0
     evolver: HeuristicEvolverConfig = HeuristicEvolverConfig()
+    """The heuristic evolver's settings."""
+    backend: Literal["heuristic", "openai"] = "heuristic"
+    """``heuristic`` (offline, numeric reference values) or an LLM Environment Evolver on an
+    OpenAI-compatible server (``--base-url``, ``--model``)."""
+    base_url: str = "http://localhost:8000/v1"
+    model: str = ""
+    llm: LLMEvolverConfig = LLMEvolverConfig()
     agents: tuple[str, ...] = tuple(AGENTS)
 
 
 def main(args: Args) -> dict:
     splits = read_pool(args.pool)
-    evolver = HeuristicEvolver(args.evolver)
+    if args.backend == "heuristic":
+        evolver = HeuristicEvolver(args.evolver)
+    else:
+        if not args.model:
+            raise SystemExit("--backend openai needs --model (the served model's name)")
+        from envsched_jax.graph.llm_clients import OpenAIChatClient
+
+        evolver = LLMEvolver(OpenAIChatClient(args.base_url, args.model), args.llm)
     config = EvolveConfig(rounds=args.rounds, attempts=args.attempts, seed=args.seed)
     report, variants, pairs = [], {split: [] for split in splits}, []
     seeds = [(split, ws) for split, items in splits.items() for ws in items]

@@ -204,3 +204,62 @@ def test_execution_feedback_reaches_the_next_round():
     ranked = HeuristicEvolver()._kinds(np.random.default_rng(0), first["execution_feedback"])
     preferred = [k for k in POINT_KINDS if k not in passed_by_all]      # kinds that exposed a failure, or new
     assert set(ranked[:len(preferred)]) == set(preferred[:len(ranked)]) or set(ranked) <= set(preferred)
+
+
+class ScriptedClient:
+    """A chat client replying from a script (no network)."""
+
+    model = "scripted"
+    constrains_json = False
+
+    def __init__(self, replies):
+        self.replies, self.seen = list(replies), []
+
+    def complete(self, messages, *, json_object, max_tokens, seed):
+        from envsched_jax.graph.llm_clients import ChatReply
+
+        self.seen.append(messages)
+        return ChatReply(self.replies.pop(0))
+
+
+def _llm_reply(value=4500, leak=False, overwrite=False):
+    import json
+
+    files = [{"path": "finance/erratum_e1.txt", "text": "ERRATUM\nplan_v2.txt overstated travel by 500.\n"},
+             {"path": "finance/memo_e2.txt", "text": "MEMO\nExclude the one-off 200 audit fee from plan_v2.txt.\n"
+              + (f"Reported figure: {value}\n" if leak else "")},
+             {"path": "finance/memo_e3.txt", "text": "MEMO\nA revision to 6000 takes effect next year.\n"}]
+    if overwrite:
+        files[0]["path"] = "finance/plan_v2.txt"
+    return json.dumps({"files": files, "reference": {"value": value, "source": "finance/plan_v2.txt"},
+                       "decision_points": [
+                           {"kind": "recalculation", "wrong_value": 4800, "evidence": ["finance/erratum_e1.txt"],
+                            "check_text": "the erratum is ignored"},
+                           {"kind": "exclusion", "wrong_value": 4300, "evidence": ["finance/memo_e2.txt"],
+                            "check_text": "the fee is still included"},
+                           {"kind": "effective_date", "wrong_value": 6000, "evidence": ["finance/memo_e3.txt"],
+                            "check_text": "the revision is not yet in effect"}]})
+
+
+def test_llm_evolver_valid_reply_is_validated_like_any_other():
+    from envsched_jax.rethink.evolve import LLMEvolver
+
+    client = ScriptedClient([_llm_reply(4100)])
+    v = evolve(seed_workspace(), LLMEvolver(client), EvolveConfig(seed=0))[-1]
+    assert v.validation.passed, v.validation.failures
+    assert v.workspace.reference["value"] == 4100 and [p.kind for p in v.points][0] == "recalculation"
+    assert "Request (unchanged)" in client.seen[0][1]["content"] and "plan_v2.txt" in client.seen[0][1]["content"]
+
+
+def test_llm_evolver_repairs_then_refuses_and_validation_catches_leaks():
+    from envsched_jax.rethink.evolve import LLMEvolver
+
+    client = ScriptedClient(["not json", _llm_reply(4100, overwrite=True), _llm_reply(4100)])
+    v = evolve(seed_workspace(), LLMEvolver(client), EvolveConfig(seed=0))[-1]
+    assert v.validation.passed and len(client.seen) == 3
+    assert "already exists" in client.seen[2][-1]["content"]
+    with pytest.raises(EvolutionError, match="no valid proposal.*not JSON"):
+        evolve(seed_workspace(), LLMEvolver(ScriptedClient(["nope"] * 3)), EvolveConfig(seed=0))
+    leaky = evolve(seed_workspace(), LLMEvolver(ScriptedClient([_llm_reply(4100, leak=True)] * 3)),
+                   EvolveConfig(seed=0, attempts=1))[-1]
+    assert not leaky.validation.passed and any("states the new answer" in f for f in leaky.validation.failures)

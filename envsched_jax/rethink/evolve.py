@@ -53,7 +53,7 @@ import numpy as np
 
 from envsched_jax.envs.runtime import core as runtime_core
 from envsched_jax.pool.model import Check
-from envsched_jax.rethink.workspace import FileLabel, Workspace, WorkspaceError, WorkspaceFile
+from envsched_jax.rethink.workspace import FileLabel, Workspace, WorkspaceError, WorkspaceFile, check_relative_path
 
 POINT_KINDS = ("recalculation", "exclusion", "exception_rule", "effective_date")
 MIN_POINTS = 3
@@ -426,7 +426,154 @@ class HeuristicEvolver:
         return order[: self.config.num_points]
 
 
-EVOLVERS: dict[str, Callable[..., Evolver]] = {"heuristic": HeuristicEvolver}
+PROPOSAL_SCHEMA = {
+    "type": "object",
+    "required": ["files", "reference", "decision_points"],
+    "additionalProperties": False,
+    "properties": {
+        "files": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["path", "text"], "additionalProperties": False,
+            "properties": {"path": {"type": "string", "minLength": 1}, "text": {"type": "string", "minLength": 1},
+                           "days_after_newest": {"type": "integer", "minimum": 0, "maximum": 3650}}}},
+        "reference": {"type": "object"},
+        "decision_points": {"type": "array", "items": {
+            "type": "object", "required": ["kind", "wrong_value", "evidence", "check_text"],
+            "additionalProperties": False,
+            "properties": {"kind": {"enum": list(POINT_KINDS)}, "wrong_value": {},
+                           "evidence": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                           "check_text": {"type": "string", "minLength": 1}, "note": {"type": "string"}}}},
+    },
+}
+"""What :class:`LLMEvolver` asks the model for. Choice: the model writes files, the new reference
+and, per decision point, the wrong value and its evidence; the checks' CODE is generated here
+(a numeric rejection of the wrong value, or a string inequality), never taken from the model,
+and the value check of the new reference likewise. The model cannot edit or delete seed files."""
+
+_EVOLVER_INSTRUCTION = """You evolve a file workspace into a harder variant under the SAME request (Env-Rethink, section 4.2).
+Add new files (notices, errata, memos, revisions) that change which answer is correct, and give the new reference answer.
+Every variant needs at least {min_points} counter-default decision points. Each pairs a plausible wrong answer value with
+the new file(s) that resolve it; kinds: effective_date (a change not yet in effect), exclusion (an amount to exclude),
+exception_rule (a rule that does not apply here), recalculation (a stated correction). The new reference must follow from
+the files; no new file may state the final answer value itself or say "the answer is". Do not change existing files.
+Reply with one JSON object only, valid against this JSON schema:
+{schema}"""
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMEvolverConfig:
+    max_file_chars: int = 3000
+    """Characters of each readable seed file shown to the model."""
+    max_tokens: int = 2048
+    max_repairs: int = 2
+    """Re-asks with the schema errors before the proposal is rejected."""
+    tolerance: float = 0.01
+    seed: int = 0
+
+
+class LLMEvolver:
+    """The Environment Evolver on an LLM (the project's chat-client protocol,
+    :class:`envsched_jax.graph.llm_clients.ChatClient`): receives the workspace, its reference,
+    the generation history and the feedback; replies are parsed and validated against
+    :data:`PROPOSAL_SCHEMA` (and new paths must be new, evidence paths must exist), re-asked with
+    the errors up to ``max_repairs`` times, then refused with :class:`EvolutionError` naming the
+    last problem. :func:`validate` then judges the assembled variant like any other."""
+
+    name = "llm"
+
+    def __init__(self, client, config: LLMEvolverConfig | None = None):
+        self.client = client
+        self.config = config or LLMEvolverConfig()
+
+    def messages(self, workspace: Workspace, history, feedback) -> list[dict[str, str]]:
+        files = []
+        for f in workspace.files:
+            body = f.text[: self.config.max_file_chars] if f.text is not None else f"<{f.kind} file: not readable as text>"
+            files.append(f"=== {f.path} ({f.kind}, modified {f.modified})\n{body}")
+        user = (f"Request (unchanged):\n{workspace.request}\n\nCurrent reference answer:\n"
+                f"{json.dumps(workspace.reference, sort_keys=True)}\n\nGeneration history:\n"
+                f"{json.dumps(list(history)[-5:], sort_keys=True)}\n\nFeedback from the last attempt or round:\n"
+                + ("\n".join(feedback) or "(none)") + "\n\nFiles:\n" + "\n\n".join(files))
+        system = _EVOLVER_INSTRUCTION.format(min_points=MIN_POINTS, schema=json.dumps(PROPOSAL_SCHEMA, sort_keys=True))
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def problems(self, workspace: Workspace, value: Any) -> list[str]:
+        import jsonschema
+
+        errors = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+                  for e in jsonschema.Draft202012Validator(PROPOSAL_SCHEMA).iter_errors(value)]
+        if errors:
+            return errors[:10]
+        new_paths = [f["path"] for f in value["files"]]
+        out = []
+        for path in new_paths:
+            try:
+                check_relative_path(path)
+            except WorkspaceError as err:
+                out.append(f"files: {path!r}: {err.reason}")
+            if path in workspace.paths:
+                out.append(f"files: {path!r} already exists; existing files cannot be changed")
+        if len(set(new_paths)) != len(new_paths):
+            out.append("files: duplicate paths")
+        known = set(workspace.paths) | set(new_paths)
+        for k, point in enumerate(value["decision_points"]):
+            missing = [p for p in point["evidence"] if p not in known]
+            if missing:
+                out.append(f"decision_points/{k}/evidence: {missing} are not files of the variant")
+        return out
+
+    def propose(self, workspace, *, history, feedback, rng):
+        from envsched_jax.rethink.roles import parse_json_object
+
+        messages = self.messages(workspace, history, feedback)
+        why = "no reply"
+        for attempt in range(self.config.max_repairs + 1):
+            reply = self.client.complete(messages, json_object=True, max_tokens=self.config.max_tokens,
+                                         seed=self.config.seed + attempt)
+            if reply.finish_reason == "error":
+                why = f"the model call failed: {reply.error}"
+                break
+            value, why = parse_json_object(reply.text)
+            if value is not None:
+                problems = self.problems(workspace, value)
+                if not problems:
+                    return self._proposal(workspace, value)
+                why = "; ".join(problems)
+            messages = messages + [{"role": "assistant", "content": reply.text},
+                                   {"role": "user", "content": f"That reply is invalid: {why}. Reply again with "
+                                                               "the corrected JSON object only."}]
+        raise EvolutionError(f"the LLM evolver gave no valid proposal: {why}",
+                             source=f"workspace {workspace.workspace_id!r}")
+
+    def _proposal(self, workspace: Workspace, value: Mapping[str, Any]) -> Proposal:
+        newest = max(f.modified for f in workspace.files)
+        files = tuple(WorkspaceFile(f["path"], f["text"].encode(), _later(newest, f.get("days_after_newest", 1)))
+                      for f in value["files"])
+        reference = dict(value["reference"])
+        tol = self.config.tolerance
+        new_value = reference.get("value")
+        numeric = isinstance(new_value, (int, float)) and not isinstance(new_value, bool)
+        points = []
+        for point in value["decision_points"]:
+            wrong = point["wrong_value"]
+            if numeric and isinstance(wrong, (int, float)) and not isinstance(wrong, bool):
+                check = rejection_check(wrong, tol, point["check_text"])
+            else:
+                check = Check(f"The reported value is not {wrong!r} ({point['check_text']}).",
+                              "def check_func(final_state):\n    answer = final_state.get('answer')\n"
+                              "    return isinstance(answer, dict) and 'value' in answer and "
+                              f"answer.get('value') != {wrong!r}\n")
+            points.append(DecisionPoint(point["kind"], wrong, tuple(point["evidence"]), check, point.get("note", "")))
+        if numeric:
+            target = value_check(new_value, tol)
+        else:
+            target = Check(f"The reported value is {new_value!r}.",
+                           "def check_func(final_state):\n    answer = final_state.get('answer')\n"
+                           f"    return isinstance(answer, dict) and answer.get('value') == {new_value!r}\n")
+        kept = [c for c in workspace.rubric if run_rubric([c], reference)[0] >= 1.0]
+        return Proposal(files, reference, tuple(kept) + (target,) + tuple(p.check for p in points), tuple(points))
+
+
+EVOLVERS: dict[str, Callable[..., Evolver]] = {"heuristic": HeuristicEvolver, "llm": LLMEvolver}
 
 
 def assemble(seed: Workspace, proposal: Proposal, *, round_no: int, evolver: str) -> Workspace:
