@@ -24,6 +24,7 @@ by mode and content hash), so a rerun resumes.
 Usage:
     python experiments/rethink_table.py
     python experiments/rethink_table.py --generator.num-parents 24 --out runs/rethink_table_24
+    python experiments/rethink_table.py --llm-agent --llm.client openai --llm.base-url http://127.0.0.1:8000 --llm.model M
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from envsched_jax.rethink.evolve import (
 )
 from envsched_jax.rethink.generator import GeneratorConfig, generate_benchmark
 from envsched_jax.rethink.learned_verifier import LearnedConfig, fit
+from envsched_jax.rethink.llm_agent import LLMAgentConfig, make_llm_agent
 from envsched_jax.rethink.roles import make_roles
 from envsched_jax.rethink.verify import VERIFIERS, evaluate, make_verifier, preparation_scores, verify
 from envsched_jax.rethink.workspace import Workspace
@@ -65,6 +67,10 @@ class Args:
     out: Path = Path("runs/rethink_table")
     generator: GeneratorConfig = GeneratorConfig()
     agents: tuple[str, ...] = tuple(AGENTS)
+    llm_agent: bool = False
+    """Also run an LLM agent (``--llm.*``: the in-process JAX model or an OpenAI-compatible server)
+    in every condition of table 1 (slow on a CPU: see the README)."""
+    llm: LLMAgentConfig = LLMAgentConfig()
     learned: LearnedConfig = LearnedConfig()
     evolver: HeuristicEvolverConfig = HeuristicEvolverConfig()
     seed: int = 0
@@ -91,13 +97,14 @@ def prepared_layer(ws: Workspace, mode: str, cache: Path) -> PreparedLayer:
     return PreparedLayer(cmap, log, json.loads((folder / "prepare_report.json").read_text()))
 
 
-def agent_table(workspaces: list[Workspace], agents: tuple[str, ...], cache: Path) -> dict:
+def agent_table(workspaces: list[Workspace], agents: dict, cache: Path) -> dict:
+    """``agents``: name -> ``(workspace, layer) -> AgentRun``."""
     results = {a: {c: {"passed": 0, "total": 0, "success": 0} for c in CONDITIONS} for a in agents}
     for ws in track(workspaces, description="agents x conditions"):
         layers = {"egs": prepared_layer(ws, "egs", cache), "tgs": prepared_layer(ws, "tgs", cache)}
-        for agent in agents:
+        for agent, play in agents.items():
             for cond in CONDITIONS:
-                run = run_agent(agent, ws.clean() if cond == "clean" else ws, layers.get(cond))
+                run = play(ws.clean() if cond == "clean" else ws, layers.get(cond))
                 row = results[agent][cond]
                 row["passed"] += run.passed
                 row["total"] += run.total
@@ -129,7 +136,8 @@ def evolution_table(workspaces: list[Workspace], agents: tuple[str, ...], config
         try:
             variants = evolve(ws, evolver, EvolveConfig(rounds=1, seed=seed))
         except EvolutionError as err:
-            refused[err.reason] = refused.get(err.reason, 0) + 1
+            reason = err.reason.split(", got")[0]      # grouped by reason, not by the value refused
+            refused[reason] = refused.get(reason, 0) + 1
             continue
         valid = [v for v in variants if v.validation.passed]
         if valid:
@@ -154,7 +162,15 @@ def main(args: Args) -> dict:
     train, held_out = list(bench.train), list(bench.held_out)
     workspaces = train + held_out
     args.out.mkdir(parents=True, exist_ok=True)
-    agents = agent_table(workspaces, args.agents, args.out / "prepared")
+    players = {name: (lambda name: lambda ws, layer: run_agent(name, ws, layer))(name) for name in args.agents}
+    llm = make_llm_agent(args.llm) if args.llm_agent else None
+    if llm is not None:
+        players[args.llm.agent_name()] = llm.run
+    try:
+        agents = agent_table(workspaces, players, args.out / "prepared")
+    finally:
+        if llm is not None:
+            llm.close()
     verification = verification_table(train, held_out, args.learned, args.seed)
     evolution = evolution_table(workspaces, args.agents, args.evolver, args.seed)
     result = {"benchmark": {"workspaces": len(workspaces), "train": len(train), "held_out": len(held_out),
@@ -168,7 +184,7 @@ def main(args: Args) -> dict:
     t1 = Table(title=f"1. Rubric pass rate (%) [task success %]: {b['workspaces']} workspaces, {b['checks']} checks")
     for col in ("agent",) + CONDITIONS:
         t1.add_column(col, justify="left" if col == "agent" else "right")
-    for agent in args.agents:
+    for agent in agents:
         t1.add_row(agent, *[f"{_pct(agents[agent][c]['rate'])} [{_pct(agents[agent][c]['success_rate'])}]"
                             for c in CONDITIONS])
     t1.add_row("paper (mean)", f"{paper.CLEAN_VS_NOISE['clean_mean']:.1f}", f"{paper.CLEAN_VS_NOISE['noise_mean']:.1f}",

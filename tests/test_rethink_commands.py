@@ -74,3 +74,27 @@ def test_table_runs_end_to_end(tmp_path):
         assert all(0.0 <= row["rate"] <= 1.0 for row in agent.values())
     assert result["evolution"]["validated"] + result["evolution"]["refused"] + result["evolution"]["failed_validation"] == 3
     assert (tmp_path / "rethink_table.json").exists()
+
+
+def test_table_wires_an_llm_agent_into_every_condition(tmp_path, monkeypatch):
+    """The table plays the configured LLM agent like the others and closes it (the agent itself is
+    tested with a scripted backend in test_rethink_llm_agent.py)."""
+    from envsched_jax.rethink.agents import run_agent
+
+    table = _script("rethink_table")
+    calls, closed = [], []
+
+    class FakeLLM:
+        def run(self, ws, layer=None, trial=0):
+            calls.append(layer is not None)
+            return run_agent("newest", ws, layer)
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(table, "make_llm_agent", lambda config: FakeLLM())
+    result = table.main(table.Args(out=tmp_path, generator=TINY, agents=("filename",), llm_agent=True,
+                                   learned=LearnedConfig(steps=5, hidden=8)))
+    name = table.LLMAgentConfig().agent_name()
+    assert set(result["agents"]) == {"filename", name} and closed == [True]
+    assert calls.count(False) == 2 * 3 and calls.count(True) == 2 * 3     # clean + noise, egs + tgs per workspace
