@@ -532,6 +532,23 @@ def _orders(members: Sequence[WorkspaceFile], key: Callable[[WorkspaceFile], Any
     return {f.path: i for i, f in enumerate(sorted(members, key=key))}
 
 
+def _rank_within_families(workspace: Workspace, key: Callable[[WorkspaceFile], Any]) -> Predictions:
+    """The two baselines' rule: in each inferred family the member with the largest ``key`` is the
+    authoritative record and the rest superseded versions, ordered by ``key``; stages from the
+    name; lone files by :func:`_singleton_by_name`."""
+    out: Predictions = {}
+    for family, members in _families(workspace).items():
+        orders = _orders(members, key)
+        winner = max(members, key=key).path
+        for f in members:
+            category = "authoritative_record" if f.path == winner else "superseded_version"
+            out[f.path] = Prediction.of(category, infer_stage(f.path), family, orders[f.path])
+    for f in workspace.files:
+        if f.path not in out:
+            out[f.path] = _singleton_by_name(f, infer_stage(f.path))
+    return out
+
+
 def _families(workspace: Workspace) -> dict[str, list[WorkspaceFile]]:
     by_path = infer_families(workspace.paths)
     out: dict[str, list[WorkspaceFile]] = {}
@@ -564,18 +581,7 @@ class FilenameVerifier:
     name: str = "filename"
 
     def predict(self, workspace: Workspace) -> Predictions:
-        out: Predictions = {}
-        for family, members in _families(workspace).items():
-            key = lambda f: (name_claims_final(f.path), version_number(f.path), f.path)  # noqa: E731
-            orders = _orders(members, key)
-            winner = max(members, key=key).path
-            for f in members:
-                category = "authoritative_record" if f.path == winner else "superseded_version"
-                out[f.path] = Prediction.of(category, infer_stage(f.path), family, orders[f.path])
-        for f in workspace.files:
-            if f.path not in out:
-                out[f.path] = _singleton_by_name(f, infer_stage(f.path))
-        return out
+        return _rank_within_families(workspace, lambda f: (name_claims_final(f.path), version_number(f.path), f.path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -591,17 +597,7 @@ class NewestVerifier:
     name: str = "newest"
 
     def predict(self, workspace: Workspace) -> Predictions:
-        out: Predictions = {}
-        for family, members in _families(workspace).items():
-            orders = _orders(members, lambda f: (f.modified, f.path))
-            winner = _newest_first(members)[0].path
-            for f in members:
-                category = "authoritative_record" if f.path == winner else "superseded_version"
-                out[f.path] = Prediction.of(category, infer_stage(f.path), family, orders[f.path])
-        for f in workspace.files:
-            if f.path not in out:
-                out[f.path] = _singleton_by_name(f, infer_stage(f.path))
-        return out
+        return _rank_within_families(workspace, lambda f: (f.modified, f.path))
 
 
 def claim_text(text: str | None) -> str:
