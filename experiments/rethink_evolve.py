@@ -2,7 +2,9 @@
 them, and compare agents on seed vs variant under identical settings (appendix C.1).
 
 Reads a pool folder (``experiments/rethink_generate.py``), evolves every workspace for ``--rounds``
-rounds with the chosen evolver, and writes:
+rounds with the chosen evolver, and writes the results below. Validation and the agents run each
+workspace's rubric code in this process, so only workspaces that are exactly what the generator
+renders are evolved here; any other is refused with that reason.
 
 - ``<out>/variants/``: the validated variants of the last round, as a pool folder (resumable: a
   rerun skips variants already written with the same content);
@@ -38,6 +40,7 @@ from envsched_jax.rethink.evolve import (
     evolve,
     paired_evaluation,
 )
+from envsched_jax.rethink.generator import is_generated
 from envsched_jax.rethink.store import read_pool, write_pool
 
 
@@ -78,6 +81,12 @@ def main(args: Args) -> dict:
         return {name: run_agent(name, variant).answer for name in args.agents}
 
     for split, ws in track(seeds, description="evolving"):
+        if not is_generated(ws):
+            # Validation and the agents run rubric code in this process; code read from a pool
+            # folder is trusted only when it is exactly what the generator renders.
+            report.append({"seed": ws.workspace_id, "refused": "not a workspace this project generated (its "
+                           "rubric code would run unsandboxed); evolve it from Python with a sandboxed evaluation"})
+            continue
         try:
             attempts = evolve(ws, evolver, config, evaluate=answers)
         except EvolutionError as err:

@@ -2,12 +2,14 @@
 
 Reads a pool folder (``experiments/rethink_generate.py`` writes one) and writes, for each workspace,
 ``<out>/<mode>/<split>/<workspace>/`` with ``collection_map.json``, ``event_log.json`` (the public,
-synthetic log) and ``prepare_report.json`` (discards, rejected proposals, the leak audit: for the
-operator, not for agents). EGS uses files and metadata only; TGS also uses the labels, the request
-and the rubric (rubric text never reaches the public log: audited). Resumable: a workspace whose
-three files exist (written through a temporary folder, renamed when complete) is skipped. The pool
-folder is hashed before and after (:func:`~envsched_jax.rethink.workspace.tree_digest`) and the run
-fails if preparation changed anything there.
+synthetic log), ``prepare_report.json`` (discards, rejected proposals, the leak audit: for the
+operator, not for agents) and ``source.json`` (what it was made from). EGS uses files and metadata
+only; TGS also uses the labels, the request and the rubric (rubric text never reaches the public
+log: audited). Resumable: a workspace whose folder was completed (written through a temporary
+folder, renamed at the end) from the same content, labels, mode, backend and configuration is
+skipped; anything else is redone. The pool folder is hashed before and after
+(:func:`~envsched_jax.rethink.workspace.tree_digest`) and the run fails if preparation changed
+anything there.
 
 Usage:
     python experiments/rethink_generate.py --out runs/rethink_pool
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -76,6 +79,15 @@ def _roles(args: Args):
     return make_roles("llm", client=client), sampler.close
 
 
+def _stamp(ws, mode: str, args: Args) -> dict:
+    """What a prepared folder was made from: a rerun skips it only when all of this is equal
+    (the workspace's content and labels, the mode, the backend and the configuration)."""
+    labels = {p: lab.to_json() for p, lab in sorted(ws.labels().items())}
+    return {"content_hash": ws.content_hash(), "labels": hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest(),
+            "mode": mode, "backend": args.backend, "model": args.model or args.policy,
+            "config": json.loads(json.dumps(dataclasses.asdict(args.config), default=str))}
+
+
 def main(args: Args) -> dict:
     before = tree_digest(args.pool)
     splits = read_pool(args.pool)
@@ -84,7 +96,9 @@ def main(args: Args) -> dict:
     jobs = [(mode, split, ws) for mode in args.modes for split, items in splits.items() for ws in items]
     for mode, split, ws in track(jobs, description="preparing"):
         folder = args.out / mode / split / ws.workspace_id.replace("/", "_")
-        if all((folder / name).exists() for name in ("collection_map.json", "event_log.json", "prepare_report.json")):
+        stamp = _stamp(ws, mode, args)
+        done = folder / "source.json"
+        if done.exists() and json.loads(done.read_text()) == stamp:
             counts["skipped"] += 1
             continue
         tmp = folder.with_name(folder.name + ".partial")
@@ -96,6 +110,7 @@ def main(args: Args) -> dict:
             counts["failed"] += 1
             print(f"{mode} {ws.workspace_id}: {err}")
             continue
+        (tmp / "source.json").write_text(json.dumps(stamp, sort_keys=True))
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)

@@ -30,6 +30,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -83,7 +84,9 @@ def _pct(x: float | None) -> str:
 
 def prepared_layer(ws: Workspace, mode: str, cache: Path) -> PreparedLayer:
     """``ws``'s prepared layer in ``mode`` (heuristic roles), prepared once and cached."""
-    folder = cache / mode / ws.content_hash()[:16]
+    labels = json.dumps({p: lab.to_json() for p, lab in sorted(ws.labels().items())}, sort_keys=True)
+    key = hashlib.sha256((ws.content_hash() + labels).encode()).hexdigest()[:16]    # TGS reads the labels
+    folder = cache / mode / key
     if not (folder / "prepare_report.json").exists():
         tmp = folder.with_name(folder.name + ".partial")
         for stale in (tmp, folder):
@@ -181,7 +184,7 @@ def main(args: Args) -> dict:
     (args.out / "rethink_table.json").write_text(json.dumps(result, indent=1) + "\n")
 
     b = result["benchmark"]
-    t1 = Table(title=f"1. Rubric pass rate (%) [task success %]: {b['workspaces']} workspaces, {b['checks']} checks")
+    t1 = Table(title=f"1. Rubric pass rate (%) \\[task success %]: {b['workspaces']} workspaces, {b['checks']} checks")
     for col in ("agent",) + CONDITIONS:
         t1.add_column(col, justify="left" if col == "agent" else "right")
     for agent in agents:

@@ -28,7 +28,6 @@ from envsched_jax.rethink import paper
 from envsched_jax.rethink.learned_verifier import LearnedConfig, fit, load, save, training_data_hash
 from envsched_jax.rethink.store import read_pool
 from envsched_jax.rethink.verify import VERIFIERS, evaluate, make_verifier, preparation_scores, verify
-from envsched_jax.rethink.workspace import WorkspaceError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +44,7 @@ def learned_verifier(args: Args, train):
         saved = load(folder)
         if saved.data_hash == training_data_hash(train) and saved.config == args.learned:
             return saved, "loaded"
-    except WorkspaceError:
+    except Exception:       # missing, partial (an interrupted save) or another layout: fit afresh
         pass
     model = fit(train, args.learned, args.seed)
     save(model, folder)

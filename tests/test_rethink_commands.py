@@ -40,6 +40,11 @@ def test_prepare_resumes_and_leaves_the_pool_unchanged(pool, tmp_path):
     assert first["prepared"] == 6 and first["pool_unchanged"]
     again = prep.main(prep.Args(pool=pool, out=tmp_path))
     assert again["skipped"] == 6 and "prepared" not in again
+    from envsched_jax.rethink.collection_map import CollectionConfig
+    from envsched_jax.rethink.event_log import PrepareConfig
+
+    changed = prep.main(prep.Args(pool=pool, out=tmp_path, config=PrepareConfig(collection=CollectionConfig(max_files=4))))
+    assert changed["prepared"] == 6                                      # another configuration: redone
     assert tree_digest(pool) == before
     logs = sorted(tmp_path.glob("*/*/*/event_log.json"))
     assert len(logs) == 6 and all(json.loads(p.read_text())["synthetic"] for p in logs)
@@ -53,6 +58,10 @@ def test_verifier_fits_once_then_loads(pool, tmp_path):
     assert set(first["results"]) == {"filename", "newest", "evidence", "learned"}
     second = ver.main(args)
     assert second["learned_model"] == "loaded" and second["results"] == first["results"]
+    model = next((tmp_path / "model").glob("*.npz"))
+    model.write_bytes(model.read_bytes()[:100])                          # as an interrupted save would leave it
+    third = ver.main(args)
+    assert third["learned_model"] == "fitted" and third["results"] == first["results"]
 
 
 def test_evolve_writes_validated_variants(pool, tmp_path):
@@ -98,3 +107,23 @@ def test_table_wires_an_llm_agent_into_every_condition(tmp_path, monkeypatch):
     name = table.LLMAgentConfig().agent_name()
     assert set(result["agents"]) == {"filename", name} and closed == [True]
     assert calls.count(False) == 2 * 3 and calls.count(True) == 2 * 3     # clean + noise, egs + tgs per workspace
+
+
+def test_evolve_refuses_workspaces_it_did_not_generate(pool, tmp_path):
+    """Rubric code read from a pool folder runs in-process during validation, so a workspace that
+    is not exactly the generator's rendering is refused, with the reason."""
+    import dataclasses
+
+    from envsched_jax.pool.model import Check
+    from envsched_jax.rethink.generator import is_generated
+    from envsched_jax.rethink.store import read_pool, write_pool
+
+    ws = read_pool(pool)["train"][0]
+    assert is_generated(ws)
+    foreign = dataclasses.replace(ws, workspace_id="foreign", rubric=ws.rubric + (Check("x", "def check_func(s):\n    return True\n"),))
+    assert not is_generated(foreign)
+    write_pool(tmp_path / "pool", {"train": [foreign]})
+    evo = _script("rethink_evolve")
+    summary = evo.main(evo.Args(pool=tmp_path / "pool", out=tmp_path / "out"))
+    report = json.loads((tmp_path / "out" / "evolution.json").read_text())
+    assert summary["refused"] == 1 and "not a workspace this project generated" in report["seeds"][0]["refused"]

@@ -69,6 +69,8 @@ def test_one_round_is_valid_and_has_every_property():
     assert ws.request == seed.request and ws.files[:len(seed.files)] == seed.files
     assert len(v.points) == 3 and len({p.kind for p in v.points}) == 3
     assert run_rubric(ws.rubric, ws.reference)[0] == 1.0
+    spelled = dict(ws.reference, value=f"{ws.reference['value']:,}")        # "4,123": read as the seed's checks read it
+    assert run_rubric(ws.rubric, spelled)[0] == 1.0
     assert run_rubric(ws.rubric, seed.reference)[0] < 1.0                 # y_t fails V_t+1
     for p in v.points:                                                   # each wrong choice is rejected
         assert run_rubric([p.check], dict(ws.reference, value=p.wrong_value))[0] == 0.0
@@ -259,7 +261,11 @@ def test_llm_evolver_repairs_then_refuses_and_validation_catches_leaks():
     assert v.validation.passed and len(client.seen) == 3
     assert "already exists" in client.seen[2][-1]["content"]
     with pytest.raises(EvolutionError, match="no valid proposal.*not JSON"):
-        evolve(seed_workspace(), LLMEvolver(ScriptedClient(["nope"] * 3)), EvolveConfig(seed=0))
+        evolve(seed_workspace(), LLMEvolver(ScriptedClient(["nope"] * 6)), EvolveConfig(seed=0, attempts=2))
+    # a later round without a valid proposal ends the lineage and keeps the validated round
+    kept = evolve(seed_workspace(), LLMEvolver(ScriptedClient([_llm_reply(4100)] + ["nope"] * 3)),
+                  EvolveConfig(seed=0, rounds=2, attempts=1))
+    assert [v.round for v in kept] == [1] and kept[0].validation.passed
     leaky = evolve(seed_workspace(), LLMEvolver(ScriptedClient([_llm_reply(4100, leak=True)] * 3)),
                    EvolveConfig(seed=0, attempts=1))[-1]
     assert not leaky.validation.passed and any("states the new answer" in f for f in leaky.validation.failures)

@@ -157,10 +157,12 @@ def _label_words(ws) -> list[str]:
     return sorted(set(CATEGORIES) | {c.text for c in ws.rubric})
 
 
-@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("prepared", [None, "egs", "tgs"])
 def test_no_label_or_rubric_text_reaches_the_model(tokenizer, workspaces, tmp_path, prepared):
+    """Nothing of the labels or the rubric reaches the model, prepared or not; with TGS (whose
+    groups are formed from the labels) not even how a collection was formed."""
     ws = workspaces["policy_rate"]
-    layer = prepare(ws, mode="egs", roles=make_roles("heuristic"), out_dir=tmp_path / "egs") if prepared else None
+    layer = prepare(ws, mode=prepared, roles=make_roles("heuristic"), out_dir=tmp_path / prepared) if prepared else None
     texts = [f.path for f in ws.files if f.kind == "text"]
     script = [call("list_files")] + [call("read_file", path=p) for p in texts]
     if prepared:
@@ -180,6 +182,7 @@ def test_no_label_or_rubric_text_reaches_the_model(tokenizer, workspaces, tmp_pa
     leaked = [w for w in _label_words(ws) if w in seen]
     assert leaked == []
     assert '"partition"' not in seen and '"category"' not in seen
+    assert "task_guided" not in seen and "task-guided" not in seen and '"origin"' not in seen
 
 
 def test_trials_vary_the_seed_and_config_maps_to_the_rollout(tokenizer, workspaces):

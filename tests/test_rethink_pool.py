@@ -63,7 +63,13 @@ def test_tools_list_read_search_write_submit():
         setattr(ws, key, value)
     listing = ws.list_files("finance")
     assert [r["path"] for r in listing["files"]] == ["finance/budget_v1.txt", "finance/budget_v2.txt"]
-    assert ws.read_file("finance/budget_v2.txt")["text"] == "Budget approved\nTotal: 120"
+    assert ws.read_file("finance/budget_v2.txt")["text"] == "Budget approved\nTotal: 120\n"
+    assert ws.read_file("finance/budget_v2.txt", start_line=2)["text"] == "Total: 120\n"
+    ws.files["crlf.txt"] = {"text": "a\r\nb\r\n", "kind": "text", "modified": "", "size": 6}
+    assert ws.read_file("crlf.txt")["text"] == "a\r\nb\r\n"              # verbatim, line breaks kept
+    ws.files["output/x.md"] = {"text": "source", "kind": "text", "modified": "", "size": 6}
+    assert ws.write_file("output/x.md", "y")["success"] is False        # a source under output/ is a source
+    del ws.files["crlf.txt"], ws.files["output/x.md"]
     image = ws.read_file("mail/withdrawal.png")
     assert not image["success"] and "image file" in image["error"]
     assert ws.read_file("nope.txt")["success"] is False
@@ -74,7 +80,7 @@ def test_tools_list_read_search_write_submit():
     assert ws.write_file("output/notes.md", "checked")["success"] is True
     assert ws.submit_answer([1])["success"] is False
     assert ws.submit_answer({"value": 1})["success"] is True and ws.answer == {"value": 1}
-    assert ws.reads == ["finance/budget_v2.txt", "mail/withdrawal.png"]
+    assert ws.reads == ["finance/budget_v2.txt", "finance/budget_v2.txt", "crlf.txt", "mail/withdrawal.png"]
 
 
 def _actions(value, source):
@@ -118,6 +124,24 @@ def test_save_load_round_trip_and_tamper_detection(tmp_path):
         save_workspace(ws, tmp_path / "ws")
     (tmp_path / "ws" / "files" / "finance" / "budget_v2.txt").write_bytes(b"Total: 999\n")
     with pytest.raises(WorkspaceError, match=r"ws.*budget_v2.txt.*sha256"):
+        load_workspace(tmp_path / "ws")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(files=None), "'files' must be a list"),
+    (lambda m: m.update(files=[5]), r"files\[0\] must be an object"),
+    (lambda m: m["files"][1]["label"].pop("category"), "finance/budget_v2.txt.*lacks the field 'category'"),
+    (lambda m: m.update(rubric=[{"text": "x"}]), "lacks the field 'code'"),
+    (lambda m: m.update(rubric=7), "malformed"),
+])
+def test_a_malformed_manifest_names_what_is_wrong(tmp_path, edit, message):
+    import json
+
+    save_workspace(tiny_workspace(), tmp_path / "ws")
+    manifest = json.loads((tmp_path / "ws" / "workspace.json").read_text())
+    edit(manifest)
+    (tmp_path / "ws" / "workspace.json").write_text(json.dumps(manifest))
+    with pytest.raises(WorkspaceError, match=message):
         load_workspace(tmp_path / "ws")
 
 
@@ -205,3 +229,16 @@ def test_clean_and_public_views():
     assert ws.public().content_hash() == ws.content_hash()
     with pytest.raises(WorkspaceError, match="labelled"):
         ws.public().clean()
+
+
+def test_pool_folders_rewrite_a_relabelled_workspace(tmp_path):
+    from envsched_jax.rethink.store import read_pool, write_pool
+
+    ws = tiny_workspace()
+    assert write_pool(tmp_path, {"train": [ws]}) == {"written": 1, "skipped": 0}
+    assert write_pool(tmp_path, {"train": [ws]}) == {"written": 0, "skipped": 1}
+    relabelled = dataclasses.replace(ws, files=(dataclasses.replace(
+        ws.files[0], label=FileLabel("noise", "out_of_scope")),) + ws.files[1:])
+    assert relabelled.content_hash() == ws.content_hash()          # labels are not content
+    assert write_pool(tmp_path, {"train": [relabelled]}) == {"written": 1, "skipped": 0}
+    assert read_pool(tmp_path)["train"] == [relabelled]

@@ -24,8 +24,9 @@ formats of the benchmark they run on: that is what makes them stand-ins rather t
 With a prepared layer (a Collection Map and an Event Log, :func:`envsched_jax.rethink.event_log.prepare`),
 the environment has three more tools (``list_collections``, ``read_card``, ``file_history``) and
 every agent reads the layer through them (:func:`read_layer`): records a quoted event withdraws or
-supersedes are dropped, members of task-guided collections are preferred (the paper's Task
-Executor browses cards and "retrieves sessions by file path"). An agent never reads labels, the
+supersedes are dropped, and a record the map groups with its approval document (and no other
+record) is preferred (the paper's Task Executor browses cards and "retrieves sessions by file
+path"). The layer tools never say how a collection was formed. An agent never reads labels, the
 rubric or the reference.
 """
 
@@ -90,35 +91,49 @@ class ToolSession:
 class Context:
     """What the prepared layer said about the candidate records (read through the layer tools
     by :func:`read_layer`): ``out`` maps a path to the event that withdraws or supersedes it;
-    ``in_force`` lists the members of task-guided collections."""
+    ``in_force`` lists the records the map groups with their approval document."""
 
     out: Mapping[str, str] = dataclasses.field(default_factory=dict)
     in_force: tuple[str, ...] = ()
 
 
-def read_layer(session: ToolSession, candidates: Sequence[str]) -> Context | None:
-    """How the agents use a prepared layer (the Task Executor's "retrieve sessions by file path,
-    check original evidence", section 4.1), through the tools:
+def _approval_document(text: str) -> bool:
+    """A register or sign-off record, by the wording every one of them carries."""
+    lowered = text.lower()
+    return "approvals register" in lowered or lowered.lstrip("# ").startswith("sign-off record")
+
+
+def read_layer(session: ToolSession, candidates: Sequence[str], texts: Mapping[str, str]) -> Context | None:
+    """How the agents use a prepared layer (the Task Executor's "browses cards, retrieves
+    sessions by file path, checks original evidence", section 4.1), through the tools:
 
     - ``file_history(path)`` of each candidate: an event whose relation ``withdraws`` or
       ``supersedes`` it on a ``quoted`` basis puts it ``out`` (the log's reviewer admits those only
       with a quoted line of the source, never from a later timestamp);
-    - ``list_collections()``: the members of ``task_guided`` collections are ``in_force`` (TGS only:
-      its collections group files with their clean/noise labels; EGS has none).
+    - ``list_collections()``: a candidate the map groups with an approval document (a register or
+      a sign-off record) and with no other candidate is ``in_force``: the organisation put the
+      record next to its approval. The tool does not say how a collection was formed, so a
+      task-guided group (TGS) helps only through what it groups.
 
     ``None`` when the workspace has no layer (the tools say so).
     """
     listing = session.call("list_collections")
     if not listing.get("success"):
         return None
-    in_force = tuple(m for c in listing["collections"] if c["origin"] == "task_guided" for m in c["members"])
+    wanted = set(candidates)
+    in_force = []
+    for collection in listing["collections"]:
+        members = set(collection["members"])
+        records = members & wanted
+        if len(records) == 1 and any(_approval_document(texts.get(m, "")) for m in members - records):
+            in_force.extend(records)
     out = {}
     for path in candidates:
         for event in session.call("file_history", path=path).get("events", []):
             rel = event.get("relation") or {}
             if rel.get("target") == path and rel.get("basis") == "quoted" and rel.get("kind") in ("withdraws", "supersedes"):
                 out.setdefault(path, f"{rel.get('source')} {rel.get('kind')} it (event {event.get('event_id')})")
-    return Context(out, in_force)
+    return Context(out, tuple(dict.fromkeys(in_force)))
 
 
 def _read_all(session: ToolSession) -> dict[str, str]:
@@ -187,8 +202,8 @@ def _gather(workspace: Workspace, layer) -> tuple[ToolSession, dict[str, str], l
 
 
 def filename_agent(workspace: Workspace, layer=None) -> list[Action]:
-    session, _, candidates = _gather(workspace, layer)
-    candidates = _apply_context(candidates, read_layer(session, [r.path for r in candidates]) if layer else None)
+    session, texts, candidates = _gather(workspace, layer)
+    candidates = _apply_context(candidates, read_layer(session, [r.path for r in candidates], texts) if layer else None)
     if not candidates:
         return session.finish({})
     best = max(candidates, key=lambda r: (_name_claim(r.path), r.modified, r.path))
@@ -196,8 +211,8 @@ def filename_agent(workspace: Workspace, layer=None) -> list[Action]:
 
 
 def newest_agent(workspace: Workspace, layer=None) -> list[Action]:
-    session, _, candidates = _gather(workspace, layer)
-    candidates = _apply_context(candidates, read_layer(session, [r.path for r in candidates]) if layer else None)
+    session, texts, candidates = _gather(workspace, layer)
+    candidates = _apply_context(candidates, read_layer(session, [r.path for r in candidates], texts) if layer else None)
     if not candidates:
         return session.finish({})
     best = max(candidates, key=lambda r: (r.modified, r.path))
@@ -219,7 +234,7 @@ def careful_agent(workspace: Workspace, layer=None) -> list[Action]:
             approved.update(_DOCUMENT.findall(text))
         if "withdrawal notice" in text.lower():
             withdrawn.update(_WITHDRAWN_RE.findall(text))
-    context = read_layer(session, [r.path for r in candidates]) if layer else None
+    context = read_layer(session, [r.path for r in candidates], texts) if layer else None
     if context is not None:
         withdrawn.update(context.out)
     live = [r for r in candidates if r.path not in withdrawn]

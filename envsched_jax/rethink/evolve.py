@@ -53,6 +53,7 @@ import numpy as np
 
 from envsched_jax.envs.runtime import core as runtime_core
 from envsched_jax.pool.model import Check
+from envsched_jax.rethink.generator import check_code
 from envsched_jax.rethink.workspace import FileLabel, Workspace, WorkspaceError, WorkspaceFile, check_relative_path
 
 POINT_KINDS = ("recalculation", "exclusion", "exception_rule", "effective_date")
@@ -106,17 +107,12 @@ class Variant:
 # ---- checks ---------------------------------------------------------------------------------
 
 def _number_check(text: str, target: float, *, equal: bool, tolerance: float) -> Check:
+    """A check on ``answer["value"]`` read as a number the way the generator's checks read it
+    (:func:`~envsched_jax.rethink.generator.check_code`: "43,500", "3.45 %", "EUR 12" count), so a
+    seed and its variant judge the same answer formats."""
     op = "<=" if equal else ">"
-    code = (
-        "def check_func(final_state):\n"
-        "    answer = final_state.get('answer')\n"
-        "    if not isinstance(answer, dict):\n"
-        "        return False\n"
-        "    value = answer.get('value')\n"
-        "    if isinstance(value, bool) or not isinstance(value, (int, float)):\n"
-        "        return False\n"
-        f"    return abs(value - {target!r}) {op} {tolerance!r}\n")
-    return Check(text, code)
+    body = f'value = _number(answer.get("value"))\nreturn value is not None and abs(value - {target!r}) {op} {tolerance!r}'
+    return Check(text, check_code(body))
 
 
 def value_check(target: float, tolerance: float) -> Check:
@@ -334,7 +330,9 @@ class HeuristicEvolver:
         kinds = self._kinds(rng, feedback)
         files, points = [], []
         current = value
-        scale = max(abs(current), 10.0)
+        # Amounts are drawn relative to the value: at least 10 for integers (counts such as 18
+        # reference entries would otherwise round every amount to 0), at least 0.5 for decimals.
+        scale = max(abs(current), 10.0) if integral else max(abs(current), 0.5)
 
         def amount(lo, hi):
             x = float(rng.uniform(lo, hi)) * scale
@@ -358,7 +356,8 @@ class HeuristicEvolver:
                     draws[kind] = amount(0.05, 0.15)
             new_value = current + draws.get("recalculation", 0) - draws.get("exclusion", 0)
             new_value = int(round(new_value)) if integral else round(new_value, 2)
-            if abs(new_value - current) > tol or not {"recalculation", "exclusion"} & set(kinds):
+            positive = current <= 0 or new_value > 0          # a positive figure stays positive
+            if positive and (abs(new_value - current) > tol or not {"recalculation", "exclusion"} & set(kinds)):
                 break
         std = FileLabel("standard", "authoritative_record")
         for kind in kinds:
@@ -559,16 +558,13 @@ class LLMEvolver:
                 check = rejection_check(wrong, tol, point["check_text"])
             else:
                 check = Check(f"The reported value is not {wrong!r} ({point['check_text']}).",
-                              "def check_func(final_state):\n    answer = final_state.get('answer')\n"
-                              "    return isinstance(answer, dict) and 'value' in answer and "
-                              f"answer.get('value') != {wrong!r}\n")
+                              check_code(f'return "value" in answer and not _same(answer["value"], {wrong!r})'))
             points.append(DecisionPoint(point["kind"], wrong, tuple(point["evidence"]), check, point.get("note", "")))
         if numeric:
             target = value_check(new_value, tol)
         else:
             target = Check(f"The reported value is {new_value!r}.",
-                           "def check_func(final_state):\n    answer = final_state.get('answer')\n"
-                           f"    return isinstance(answer, dict) and answer.get('value') == {new_value!r}\n")
+                           check_code(f'return "value" in answer and _same(answer["value"], {new_value!r})'))
         kept = [c for c in workspace.rubric if run_rubric([c], reference)[0] >= 1.0]
         return Proposal(files, reference, tuple(kept) + (target,) + tuple(p.check for p in points), tuple(points))
 
@@ -627,7 +623,17 @@ def evolve(seed: Workspace, evolver: Evolver, config: EvolveConfig = EvolveConfi
         feedback: list[str] = list(carried)
         accepted = None
         for attempt in range(config.attempts):
-            proposal = evolver.propose(current, history=history, feedback=feedback, rng=rng)
+            try:
+                proposal = evolver.propose(current, history=history, feedback=feedback, rng=rng)
+            except EvolutionError as err:
+                # A seed the evolver cannot evolve at all is refused; a later round that yields
+                # no proposal ends the lineage but keeps the rounds that passed.
+                if round_no == 1 and not out and attempt == config.attempts - 1:
+                    raise
+                history.append({"round": round_no, "attempt": attempt, "error": err.reason,
+                                "feedback_in": list(feedback)})
+                feedback = [f"proposal: {err.reason}"]
+                continue
             candidate = assemble(current, proposal, round_no=round_no, evolver=evolver.name)
             validation = validate(current, candidate, proposal.points)
             record = {"round": round_no, "attempt": attempt, "workspace_id": candidate.workspace_id,

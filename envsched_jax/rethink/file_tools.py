@@ -67,10 +67,10 @@ class FileWorkspace:
         else:
             return {"success": False, "error": f"no file {path!r}"}
         self.reads.append(path)
-        lines = text.splitlines()
+        lines = text.splitlines(keepends=True)      # verbatim: line breaks as in the file (CRLF kept)
         chunk = lines[start_line - 1:start_line - 1 + min(max_lines, MAX_LINES)]
         return {"success": True, "path": path, "start_line": start_line, "total_lines": len(lines),
-                "text": "\n".join(chunk)}
+                "text": "".join(chunk)}
 
     def search_files(self, query, max_results=20):
         """Case-insensitive substring search over the text files: path, line number, line."""
@@ -96,6 +96,8 @@ class FileWorkspace:
             return {"success": False, "error": "path and content must be strings"}
         if not path.startswith(OUTPUT_PREFIX) or ".." in path.split("/"):
             return {"success": False, "error": f"outputs go under {OUTPUT_PREFIX!r}; got {path!r}"}
+        if path in self.files:
+            return {"success": False, "error": f"{path} is a source file; source files cannot be changed"}
         self.written[path] = content
         return {"success": True, "path": path}
 
@@ -107,14 +109,16 @@ class FileWorkspace:
         return {"success": True}
 
     def list_collections(self):
-        """The Collection Map: each collection's id, name, origin, themes and member paths."""
+        """The Collection Map: each collection's id, themes and member paths. How a collection
+        was formed (its origin and internal name) is not shown: a task-guided group is formed
+        from the labels, and saying so would hand the agent the labels."""
         if self.collections is None:
             return {"success": False, "error": "this workspace has no Collection Map"}
         rows = []
         for c in self.collections:
             card = c.get("card") or {}
-            rows.append({"collection_id": c["collection_id"], "name": c["name"], "origin": c.get("origin", ""),
-                         "themes": list(card.get("themes", [])), "members": list(c["members"])})
+            rows.append({"collection_id": c["collection_id"], "themes": list(card.get("themes", [])),
+                         "members": list(c["members"])})
         return {"success": True, "collections": rows}
 
     def read_card(self, collection_id):

@@ -1095,7 +1095,7 @@ def _path(x):
 '''
 
 
-def _check(body: str) -> str:
+def check_code(body: str) -> str:
     """Self-contained check code: the helpers plus ``check_func`` running ``body`` (which reads
     ``answer``); anything that raises makes the check False."""
     indented = "\n".join("        " + line for line in body.strip().splitlines())
@@ -1109,23 +1109,23 @@ def _rubric(sc: Scenario) -> tuple[Check, ...]:
     shown = format_value(sc.kind, auth.value)
     checks = [
         Check(f"The answer's value is {shown}, the value of the approved record {auth.path}.",
-              _check(f'return "value" in answer and _same(answer["value"], {auth.value!r})')),
-        Check(f"The answer's source is {auth.path}.", _check(f'return _path(answer.get("source")) == {auth.path!r}')),
+              check_code(f'return "value" in answer and _same(answer["value"], {auth.value!r})')),
+        Check(f"The answer's source is {auth.path}.", check_code(f'return _path(answer.get("source")) == {auth.path!r}')),
         Check(f"The answer does not give {format_value(sc.kind, ff.value)}, the value of the purported final "
               f"version {ff.path}.",
-              _check(f'return "value" in answer and not _same(answer["value"], {ff.value!r})')),
+              check_code(f'return "value" in answer and not _same(answer["value"], {ff.value!r})')),
         Check("The answer's source is not an earlier or purported-final version of the record.",
-              _check(f'return "source" in answer and _path(answer.get("source")) not in '
+              check_code(f'return "source" in answer and _path(answer.get("source")) not in '
                      f'{[m.path for m in sc.family if m.role != "authoritative"]!r}')),
     ]
     stale = [d.value for d in sc.decoys if d.kind == "confirmation"]
     if stale:
         checks.append(Check(f"The answer does not give {format_value(sc.kind, stale[0])}, the figure the repeated "
                             f"notes quote from {sc.quoted_source}.",
-                            _check(f'return "value" in answer and not _same(answer["value"], {stale[0]!r})')))
+                            check_code(f'return "value" in answer and not _same(answer["value"], {stale[0]!r})')))
     if sc.kind == "policy_rate":
         checks.append(Check(f"The answer's effective_date is {auth.effective}.",
-                            _check(f'return str(answer.get("effective_date", "")).strip() == {auth.effective!r}')))
+                            check_code(f'return str(answer.get("effective_date", "")).strip() == {auth.effective!r}')))
     return tuple(checks)
 
 
@@ -1176,6 +1176,18 @@ def rerender(workspace: Workspace) -> Workspace:
     scenario = Scenario.from_json(workspace.metadata["scenario"])
     return render(scenario, workspace_id=workspace.workspace_id, parent_task=workspace.parent_task,
                   size_class=workspace.size_class)
+
+
+def is_generated(workspace: Workspace) -> bool:
+    """Whether ``workspace`` is exactly what this generator renders from the scenario in its
+    metadata (request, files, rubric, reference): then its rubric code is the project's own and
+    may run in-process. A workspace read from disk that fails this is untrusted."""
+    try:
+        again = rerender(workspace)
+    except Exception:       # no, or a malformed, scenario: not ours
+        return False
+    return (again.request == workspace.request and again.files == workspace.files
+            and again.rubric == workspace.rubric and again.reference == workspace.reference)
 
 
 # ---- benchmark ----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -405,12 +406,17 @@ def save(verifier: LearnedVerifier, folder: str | Path) -> Path:
     arrays = {f"param/{k}": v for k, v in _flat_params(verifier.model).items()}
     arrays.update({"name_idf": verifier.features.name_idf, "text_idf": verifier.features.text_idf,
                    "train_losses": verifier.train_losses})
-    np.savez(folder / PARAMS_FILE, **arrays)
+    # Each file is written under a temporary name and renamed: an interrupted save leaves the
+    # previous files or none, never a truncated one.
+    with open(folder / (PARAMS_FILE + ".partial"), "wb") as fh:
+        np.savez(fh, **arrays)
+    os.replace(folder / (PARAMS_FILE + ".partial"), folder / PARAMS_FILE)
     meta = {"format": FORMAT_VERSION, "config": dataclasses.asdict(verifier.config),
             "name_vocabulary": verifier.features.name_vocabulary,
             "text_vocabulary": verifier.features.text_vocabulary, "stages": list(verifier.features.stages),
             "structural_features": list(STRUCTURAL_FEATURES), "data_hash": verifier.data_hash}
-    (folder / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    (folder / (META_FILE + ".partial")).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(folder / (META_FILE + ".partial"), folder / META_FILE)
     return folder
 
 

@@ -2,7 +2,7 @@
 ``<root>/<split>/``, and ``<root>/index.json`` listing them. Writes are resumable and atomic per
 workspace: a workspace is written to a temporary sibling folder and renamed into place, so an
 interrupted run leaves either a complete workspace or none, and a rerun skips what is complete
-(same content hash) and rewrites what differs."""
+(the same record, labels included) and rewrites what differs."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _safe_name(workspace_id: str) -> str:
 def write_pool(root: str | Path, splits: Mapping[str, Sequence[Workspace]], *,
                progress: Callable[[Iterable, int], Iterable] | None = None) -> dict[str, int]:
     """Write ``splits`` (split name -> workspaces) under ``root``; returns counts of ``written``
-    and ``skipped`` (already complete with the same content hash)."""
+    and ``skipped`` (already there as the same record)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     items = [(split, ws) for split, workspaces in splits.items() for ws in workspaces]
@@ -40,7 +40,9 @@ def write_pool(root: str | Path, splits: Mapping[str, Sequence[Workspace]], *,
                              "content_hash": ws.content_hash()})
         if (folder / MANIFEST).exists():
             try:
-                if load_workspace(folder).content_hash() == ws.content_hash():
+                # the whole record, labels, reference and metadata included (the content hash
+                # leaves those out: a relabelled workspace must be rewritten)
+                if load_workspace(folder) == ws:
                     counts["skipped"] += 1
                     continue
             except WorkspaceError:

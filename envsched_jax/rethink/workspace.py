@@ -338,20 +338,37 @@ def load_workspace(folder: str | Path) -> Workspace:
         raise WorkspaceError(f"{MANIFEST} must hold a JSON object", source=source)
     try:
         files = []
-        for k, record in enumerate(manifest["files"]):
-            path = check_relative_path(record["path"])
-            data = _read_inside(folder / FILES_DIR, path, source)
-            if hashlib.sha256(data).hexdigest() != record["sha256"]:
-                raise WorkspaceError("the bytes on disk do not match the manifest's sha256", source=source,
-                                     path=path, field="sha256")
-            label = None if record.get("label") is None else FileLabel.from_json(record["label"])
-            files.append(WorkspaceFile(path, data, record["modified"], record.get("kind"), label))
+        records = manifest["files"]
+        if not isinstance(records, list):
+            raise WorkspaceError(f"'files' must be a list, got {type(records).__name__}", source=source, field="files")
+        for k, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise WorkspaceError(f"files[{k}] must be an object, got {type(record).__name__}", source=source,
+                                     field=f"files[{k}]")
+            path = check_relative_path(record.get("path"))
+            try:
+                data = _read_inside(folder / FILES_DIR, path, source)
+                if hashlib.sha256(data).hexdigest() != record["sha256"]:
+                    raise WorkspaceError("the bytes on disk do not match the manifest's sha256", source=source,
+                                         path=path, field="sha256")
+                label = None if record.get("label") is None else FileLabel.from_json(record["label"])
+                files.append(WorkspaceFile(path, data, record["modified"], record.get("kind"), label))
+            except KeyError as err:
+                raise WorkspaceError(f"lacks the field {err.args[0]!r}", source=source, path=path) from None
+            except (TypeError, AttributeError) as err:
+                raise WorkspaceError(f"malformed record: {err}", source=source, path=path) from None
+            except WorkspaceError as err:
+                if err.path is None:
+                    raise WorkspaceError(err.reason, source=source, path=path, field=err.field) from None
+                raise
         rubric = tuple(Check(c["text"], c["code"]) for c in manifest["rubric"])
         return Workspace(manifest["workspace_id"], manifest["request"], tuple(files), rubric,
                          manifest["reference"], manifest.get("parent_task", ""), manifest.get("size_class", ""),
                          manifest.get("metadata", {}))
     except KeyError as err:
         raise WorkspaceError(f"{MANIFEST} lacks the field {err.args[0]!r}", source=source) from None
+    except (TypeError, AttributeError) as err:
+        raise WorkspaceError(f"{MANIFEST} is malformed: {err}", source=source) from None
     except WorkspaceError as err:
         if err.source is None:
             raise WorkspaceError(err.reason, source=source, path=err.path, field=err.field) from None
