@@ -224,11 +224,28 @@ def test_a_killed_generation_actor_gives_named_errors_and_is_replaced(cluster, t
     assert all(e.reward == 1.0 for e in episodes if e not in failed)
 
 
+def _wait_until_dead(actor, timeout: float) -> bool:
+    """True once calling ``actor`` fails because it died (within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 def test_all_actors_dead_resolves_with_an_error(cluster, tokenizer, light):
     factory = ("scripted", {"tokenizer": light, "respond": lambda p, r: "ok"})
     ids = tuple(tokenizer("hi")["input_ids"])
     with RayGenerationBackend(factory, 1, num_cpus=0.25, max_replacements=0) as backend:
         ray.kill(backend.actors[0])
+        # ray.kill is asynchronous: a request sent at once could still be served (CI saw "stop"
+        # under load), so wait until the actor is gone before sending one.
+        assert _wait_until_dead(backend.actors[0], 30)
         first = backend.submit(GenerationRequest(ids, request_id="a#0/turn0")).result(timeout=30)
         assert first.finish_reason == "error" and "Ray generation actor 0" in first.error
         assert wait_until(lambda: backend.actor_infos()[0]["state"] == "dead", 30)

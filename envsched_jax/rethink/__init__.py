@@ -13,6 +13,10 @@ Where each part of the paper lives:
   backends; :func:`.event_log.prepare` is the entry point.
 - :mod:`.verify`, :mod:`.learned_verifier`: file verification ("cleaning", section 4.1,
   appendix A.7, B.4, B.5): metrics, baselines, qualification checks, a learned verifier.
+- :mod:`.teacher`: the paper's route to a learned verifier (sub-environments, teacher
+  trajectories, A.7 qualification with revised hints, the masked SFT corpus; section 4.1,
+  appendix B.1-B.3).
 - :mod:`.evolve`: environment evolution (section 4.2, appendix C).
-- :mod:`.agents`: offline heuristic task agents; :mod:`.paper`: the paper's reported figures.
+- :mod:`.agents`: offline heuristic task agents; :mod:`.llm_agent`: an LLM agent through the
+  project's agent loop; :mod:`.paper`: the paper's reported figures.
 """
