@@ -1,11 +1,11 @@
-# Two commands on a fresh machine: `make demo` and `make test` (see README).
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md; the site: `make docs`).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-all bench clean
+.PHONY: install demo test test-slow test-all bench docs docs-serve clean
 
 # The venv is (re)built when pyproject.toml changes. torch 2.13.0 comes first so that the `dev`
 # extra (learner parity tests against transformers) finds it installed: that pin takes the CPU
@@ -81,5 +81,17 @@ bench: $(STAMP)
 	$(BIN)/python experiments/bench_graph.py
 	$(BIN)/python experiments/bench_scheduler.py
 
+# The documentation site, built strictly (a broken link, a missing cross-reference, a formula
+# that does not convert or any other warning fails the build) into build/site. `make docs-serve`
+# serves it at http://127.0.0.1:8000 with live reload. The MkDocs 2.0 notice printed by
+# mkdocs-material is silenced (MkDocs is pinned to 1.6 in pyproject.toml's docs extra).
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+
+docs: $(STAMP)
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(DOCS_ENV) $(BIN)/mkdocs serve --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .hypothesis build/site

@@ -19,8 +19,8 @@ only; ``sentence_bert_config.json``: ``max_seq_length`` 256), written with plain
     e = e / max(||e||_2, 1e-12)                                   # L2-normalised
 
 as sentence-transformers does, texts are stripped of surrounding whitespace and truncated to
-``max_length`` word pieces ([CLS] and [SEP] included). One choice of ours: a text that is empty
-after stripping has a **zero row** (the model would embed the bare "[CLS] [SEP]"), the same
+``max_length`` word pieces (``[CLS]`` and ``[SEP]`` included). One choice of ours: a text that is empty
+after stripping has a **zero row** (the model would embed the bare ``[CLS] [SEP]``), the same
 convention as an empty TF-IDF view in :mod:`envsched_jax.graph.build`: similarity 0 to every
 other node.
 
@@ -202,7 +202,7 @@ def embed_texts(texts: Sequence[str], *, batch_size: int = 64, max_length: int |
     Args:
       texts: N strings.
       batch_size: texts per forward pass.
-      max_length: word pieces kept per text, [CLS] and [SEP] included; ``None`` is the model's own
+      max_length: word pieces kept per text, ``[CLS]`` and ``[SEP]`` included; ``None`` is the model's own
         ``max_seq_length`` (256). At most 512 (BERT's position table).
       progress: a rich progress bar over batches, when attached to a terminal.
       cache_dir: if given, ``cache_dir/semantic_cache.npz`` holds embeddings keyed by

@@ -160,8 +160,9 @@ class ScheduledGRPOTrainer(GRPOTrainer):
     """A ``GRPOTrainer`` whose training prompts are the feed's batches (module docstring).
 
     Args:
-      *args, **kwargs: ``GRPOTrainer``'s; ``args`` (a ``GRPOConfig``) and a ``datasets.Dataset``
-        ``train_dataset`` are required.
+      *args: ``GRPOTrainer``'s positional arguments.
+      **kwargs: ``GRPOTrainer``'s keyword arguments; ``args`` (a ``GRPOConfig``) and a
+        ``datasets.Dataset`` ``train_dataset`` are required.
       feed: the scheduler behind the loop, built for ``batch_size = generation_batch_size /
         num_generations`` and ``group_size = num_generations``, ``step_offset=0``, and
         ``reward_range`` when the weighted reward can leave [0, 1].

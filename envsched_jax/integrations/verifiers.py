@@ -366,8 +366,9 @@ class VerifiersSampler:
       scheduler: any registered scheduler, built on ``build_graph(loaded.pool, ...)`` with the
         loop's batch size B (tasks per step) and group size K (trainable traces per task).
       loaded: the :func:`load_verifiers_pool` result the scheduler's graph was built from.
-      step_offset, reward_range: as for :class:`SchedulerFeed` (``loaded.reward_range`` is the
-        rubric's range when every score lies in [0, 1]).
+      step_offset: as for :class:`SchedulerFeed`.
+      reward_range: as for :class:`SchedulerFeed` (``loaded.reward_range`` is the rubric's range
+        when every score lies in [0, 1]).
     """
 
     def __init__(self, scheduler: Scheduler, loaded: VerifiersPool, *, step_offset: int = 0,

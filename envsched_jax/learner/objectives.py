@@ -302,7 +302,9 @@ def kl_to_reference(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
     Masked-out tokens give 0 and no gradient.
 
     Args:
-      logp, ref_logp, mask: [N, T].
+      logp: [N, T] the policy's token log-probabilities.
+      ref_logp: [N, T] the reference model's.
+      mask: [N, T] which tokens count.
       estimator: ``k3`` or ``k1``.
 
     Returns:

@@ -325,9 +325,10 @@ class RayGenerationBackend:
     Args:
       factory: how each actor builds its local backend (see the module docstring).
       num_actors: how many actors (generation servers).
-      num_cpus, num_gpus, resources: what each actor asks Ray for (``num_gpus=1`` puts one
-        server per GPU; custom resources such as ``{"generation": 1}`` pin them to nodes that
-        declared it).
+      num_cpus: CPUs each actor asks Ray for.
+      num_gpus: GPUs each actor asks Ray for (``num_gpus=1`` puts one server per GPU).
+      resources: custom Ray resources each actor asks for (``{"generation": 1}`` pins them to
+        nodes that declared it).
       actor_options: further ``ray.remote`` options (``scheduling_strategy="SPREAD"``,
         ``runtime_env``); ``max_restarts`` is refused (see the module docstring).
       weight_sync: ``shared_fs`` (every node reads ``update_weights``'s folder at the same path)
@@ -864,9 +865,11 @@ class RaySandboxBackend:
       limits: per-worker limits, enforced on the worker's node; ``wall_seconds`` also bounds
         the driver's wait (plus ``grace_s``).
       trust: in-process admission (``trusted_class`` or ``any``), as ``InProcessBackend``.
-      site_packages, docker_cpus: as :class:`envsched_jax.envs.sandbox.SandboxConfig`.
-      num_cpus, resources: what each actor asks Ray for (``resources={"sandbox": 1}`` keeps them
-        on nodes that declared that resource).
+      site_packages: as :class:`envsched_jax.envs.sandbox.SandboxConfig`.
+      docker_cpus: as :class:`envsched_jax.envs.sandbox.SandboxConfig`.
+      num_cpus: CPUs each actor asks Ray for.
+      resources: custom Ray resources each actor asks for (``{"sandbox": 1}`` keeps them on
+        nodes that declared that resource).
       actor_options: further ``ray.remote`` options (``scheduling_strategy``, ``runtime_env``).
       grace_s: how much longer than a request's allowance the driver waits before it declares
         the node hung (the local jail already waits 5 s past the allowance itself).

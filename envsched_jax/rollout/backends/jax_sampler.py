@@ -240,7 +240,9 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     Args:
       logits: [B, V] the model's logits (any float dtype; computed in float32).
       keys: [B] typed PRNG keys, one per row.
-      temperature, top_k, top_p: [B] as in :func:`filter_logits`.
+      temperature: [B] as in :func:`filter_logits`.
+      top_k: [B] as in :func:`filter_logits`.
+      top_p: [B] as in :func:`filter_logits`.
       greedy: [B] bool: the argmax of ``logits`` (the other parameters ignored).
 
     Returns:
