@@ -11,7 +11,7 @@ shares below / above it, the mean frontier score; and what each recipe spent (re
 
 This measures selection, not learning: the policy is simulated and the materialiser programmatic.
 It says nothing about the paper's downstream Pass@1 gains, which need a policy trained on the
-exports (README: Envs-FORGE). Writes ``compare.json`` and ``compare.csv`` to ``--out``; each run
+exports (docs/papers/forge.md). Writes ``compare.json`` and ``compare.csv`` to ``--out``; each run
 keeps its folder (``<recipe>_p<seed>``) and resumes.
 
 Usage:

@@ -10,7 +10,7 @@ Envs-FORGE needs the current policy's verifier pass rate on every seed (a JSON-l
   0.99 / top-k 100 of EnvSched section 3.1, the agent loop's defaults);
 - ``--policy simulated`` (default): :mod:`envsched_jax.forge.simulated_policy` (per-skill
   competence; every line labelled ``simulated``), for the offline pipeline and the comparison,
-  since no model that runs on a CPU solves these tasks (see the README for SmolLM2's measured rate).
+  since no model that runs on a CPU solves these tasks (see docs/papers/forge.md for SmolLM2's measured rate).
 
 Usage:
     python experiments/forge_rollouts.py --out runs/forge/rollouts.jsonl               # simulated, 25 x 15

@@ -70,7 +70,7 @@ class Args:
     agents: tuple[str, ...] = tuple(AGENTS)
     llm_agent: bool = False
     """Also run an LLM agent (``--llm.*``: the in-process JAX model or an OpenAI-compatible server)
-    in every condition of table 1 (slow on a CPU: see the README)."""
+    in every condition of table 1 (slow on a CPU: see docs/papers/rethink.md)."""
     llm: LLMAgentConfig = LLMAgentConfig()
     learned: LearnedConfig = LearnedConfig()
     evolver: HeuristicEvolverConfig = HeuristicEvolverConfig()

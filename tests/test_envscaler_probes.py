@@ -3,7 +3,7 @@
 
 Each probe carries the reward EnvScaler's runner gave it (``how="ran"``: its RL environment at
 commit 87e6673 looped as its training manager loops it, ``experiments/envscaler_conformance.py``)
-and the file and function of EnvScaler's code the rule lives in; the table is in the README
+and the file and function of EnvScaler's code the rule lives in; the table is in docs/guides/pools.md
 ("EnvScaler's 2,550-task RL pool").
 """
 

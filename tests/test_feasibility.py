@@ -159,7 +159,7 @@ def test_make_scheduler_states_the_largest_batch_size(two_env_graph):
     with pytest.raises(InfeasibleBatchError, match="cap C1: at most 4 tasks per environment per batch: "
                                                    "8 from 2 environments < B = 16"):
         make_scheduler("envsched", two_env_graph, config=EnvSchedConfig(batch_size=16, cold_start="random"))
-    # The bound covers the caps, not the data-dependent progress filter (README): on these i.i.d.
+    # The bound covers the caps, not the data-dependent progress filter (docs/guides/scheduling.md): on these i.i.d.
     # rewards the paper's earlier-steps filter rules out 15 of 16 candidates at step 21, so the
     # filter is kept out of this run (a node would need 10,000 scored transitions).
     random_start = make_scheduler("envsched", two_env_graph,

@@ -44,7 +44,7 @@ columns) and kept for the batch. The other per-pick work (caps, masks, argmax) i
 path's O(N) vector work (:func:`~envsched_jax.sched.kernels.argmax_first`: top-1 in place of
 ``argmax``, 3x faster at N = 10^6).
 
-Cost (measured, ``experiments/bench_dense_free.py``; README): the work is the number of
+Cost (measured, ``experiments/bench_dense_free.py``; docs/performance.md): the work is the number of
 (pick, candidate) similarity entries the rounds need, which grows with how many nodes score
 within the penalty's range of the best, and the rounds over all N. At 100,000 the first
 coverage picks of a step face about 2,000 never-observed nodes of never-visited environments

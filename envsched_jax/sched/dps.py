@@ -48,7 +48,7 @@ Recipes (:data:`DPS_RECIPES`, ``DPS(graph, recipe="math")`` or :meth:`DPSConfig.
 countdown and geo3k k = 8, lam = 0.5; MATH k = 32, lam = 0.7; all with A0 = ones, uniform initial
 belief, top-k, n = 8 rollouts. B and K stay the caller's (the authors' B is 256 or 512).
 
-What differs from the authors' code, and why (also in the README's Baselines section):
+What differs from the authors' code, and why (also in docs/guides/scheduling.md):
 
 - success threshold: reward >= 1 - 1e-6 (authors: >= 1), so a reward of 1 lost to float rounding
   still counts (:mod:`envsched_jax.sched.outcomes`);

@@ -48,7 +48,7 @@ lam = 1.0 (no decay), top-k (``"math"``), the threshold strategy (``"math_thresh
 from an offline prior (``"math_init"``, which needs ``init_scores``). n = 8 rollouts in all; B and
 K stay the caller's.
 
-What differs from the authors' code, and why (also in the README's Baselines section):
+What differs from the authors' code, and why (also in docs/guides/scheduling.md):
 
 - success threshold: reward >= 1 - 1e-6 (authors: >= 1) (:mod:`envsched_jax.sched.outcomes`);
 - with one rollout per task (n = 1) the authors' update reads ``X = <update> if n > 1 else 8``

@@ -2,7 +2,7 @@
 
 Every field has the default of the CPU recipe (a tiny Llama-architecture policy with a small
 vocabulary on a generated pool of 8 environments x 40 templated tasks); the paper's settings
-for an accelerator are one flag set away (see the README's training section). tyro turns the nesting into ``--pool.spec``,
+for an accelerator are one flag set away (see docs/guides/rollouts.md). tyro turns the nesting into ``--pool.spec``,
 ``--scheduler.name``, ``--learner.grpo-steps`` and so on.
 """
 
@@ -36,7 +36,7 @@ class PoolSplit:
     learnt to read the prompt. On the generated pool's templated tasks (ids in the instruction,
     lookup-then-branch rules), after the 1,200-step warm start below, its sampled rollouts differ
     within groups (a GRPO signal), although it solves none of the held-out tasks outright: see
-    the README's training section for what was measured.
+    docs/guides/rollouts.md for what was measured.
     """
 
     spec: str = "generated:8x40"
