@@ -82,8 +82,8 @@ def init_state(num_nodes: int, num_envs: int, config, key: jax.Array) -> EnvSche
 
 
 def group_stats(rewards: jax.Array) -> jax.Array:
-    """[B, K] rewards -> [B, 3] (v, m, d): population variance, mean and mean-corrected
-    dispersion d = clip(v / max(m (1 - m), 0.01), 0, 1)."""
+    r"""[B, K] rewards -> [B, 3] (v, m, d): population variance, mean and mean-corrected
+    dispersion $d = \operatorname{clip}\left(v / \max(m (1 - m), 0.01),\ 0,\ 1\right)$."""
     m = rewards.mean(axis=1)
     v = ((rewards - m[:, None]) ** 2).mean(axis=1)
     d = jnp.clip(v / jnp.maximum(m * (1.0 - m), 0.01), 0.0, 1.0)
@@ -118,14 +118,15 @@ def _doubled_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
 
 
 def percentile_rank(z: jax.Array, sorted_z: jax.Array | None = None) -> jax.Array:
-    """pr(z_i) = (rankavg(z_i) - 0.5) / N with 1-based ranks, ties given their average rank.
+    r"""$\operatorname{pr}(z)_i = (\operatorname{rankavg}(z)_i - 0.5) / N$ with 1-based ranks, ties
+    given their average rank.
     ``sorted_z`` may pass ``jnp.sort(z)`` when the caller already has it."""
     return ((_doubled_rank(z, sorted_z) - 1).astype(z.dtype) / (2 * z.shape[0]))
 
 
 def quantile_map(values: jax.Array, p: jax.Array, sorted_v: jax.Array | None = None) -> jax.Array:
-    """Empirical quantile function of ``values`` at ``p`` in [0, 1], linear interpolation between
-    order statistics at position p (N - 1) (numpy.quantile's default)."""
+    """Empirical quantile function of ``values`` at ``p`` in $[0, 1]$, linear interpolation between
+    order statistics at position $p (N - 1)$ (numpy.quantile's default)."""
     sorted_v = sort_values(values) if sorted_v is None else sorted_v
     pos = jnp.clip(p, 0.0, 1.0) * (values.shape[0] - 1)
     lo = jnp.floor(pos).astype(jnp.int32)
@@ -163,13 +164,14 @@ def _node_sum(values: jax.Array, nodes: jax.Array, num_nodes: int) -> jax.Array:
 
 
 def neighbour_bandwidth(sim: jax.Array, valid: jax.Array, *, sorted_rows: bool = False) -> jax.Array:
-    """sigma = max(median_j delta_ij, 0.05) over each row's valid neighbours (numpy's median:
-    mean of the two middle values for an even count); 0.05 for a row without neighbours.
+    r"""$\sigma_i = \max\left(\operatorname{median}_j \delta_{ij},\ 0.05\right)$ over each row's
+    valid neighbours (numpy's median: mean of the two middle values for an even count); 0.05 for
+    a row without neighbours.
 
     ``sorted_rows``: the rows are the state's neighbour lists, kept by :func:`_insert` in
-    descending similarity with the valid entries first, so delta = clip(1 - sim, 0, 1) is
-    ascending (both maps are monotone, also in floating point) and the middle values are read at
-    their positions. Otherwise the order statistics come from pairwise rank counting over the
+    descending similarity with the valid entries first, so
+    $\delta = \operatorname{clip}(1 - \mathrm{sim}, 0, 1)$ is ascending (both maps are monotone,
+    also in floating point) and the middle values are read at their positions. Otherwise the order statistics come from pairwise rank counting over the
     (short) rows, which is much cheaper on CPU than XLA's batched sort."""
     delta = jnp.where(valid, jnp.clip(1.0 - sim, 0.0, 1.0), jnp.inf)
     count = valid.sum(axis=1)
@@ -207,12 +209,17 @@ def _sum_axis(x: jax.Array, axis: int) -> jax.Array:
 
 def relation_estimate(nbr: jax.Array, sim: jax.Array, sigma: jax.Array, W: jax.Array,
                       ybar: jax.Array, bhat: jax.Array, lambda_g: float) -> jax.Array:
-    """G[y, i] = (sum_j a_ij ybar_j + lambda_g bhat) / (sum_j a_ij + lambda_g),
-    a_ij = exp(-0.5 (delta_ij / sigma_i)^2) clip(W_j, 0.1, 3).
+    r"""The relation estimate of eq. 3 with the neighbour weights of eq. 7:
+
+    $$
+    G^y_i = \frac{\sum_j a_{ij}\, \bar y_j + \lambda_g \hat b^y}{\sum_j a_{ij} + \lambda_g}, \qquad
+    a_{ij} = \exp\left(-\tfrac{1}{2} (\delta_{ij} / \sigma_i)^2\right) \operatorname{clip}(W_j, 0.1, 3).
+    $$
 
     ``W`` may carry trailing axes ([N, ...], ``ybar`` [N, ..., 3], ``bhat`` [..., 3]): the score
-    pass evaluates both half-lives in one call, sharing the kernel exp(-0.5 (delta / sigma)^2) and
-    one gather of the neighbours' (W, ybar)."""
+    pass evaluates both half-lives in one call, sharing the kernel
+    $\exp\left(-\tfrac{1}{2} (\delta / \sigma)^2\right)$ and one gather of the neighbours'
+    (W, ybar)."""
     n, k = nbr.shape
     extra = W.ndim - 1
     valid = nbr >= 0
@@ -570,7 +577,8 @@ def pick_rules(state: EnvSchedState, prog_excluded: jax.Array, env_index: jax.Ar
 
 
 def exploitation_gain(state: EnvSchedState, q: jax.Array, config) -> jax.Array:
-    """q omega of eq. 5, omega = (1 + c_i / c0)^(-1/2), computed once per step (see select_batch)."""
+    r"""$q_i \omega_i$ of eq. 5, $\omega_i = (1 + c_i / c_0)^{-1/2}$, computed once per step (see
+    select_batch)."""
     omega = (1.0 + state.sel_count.astype(q.dtype) / config.c0) ** -0.5
     return q * omega
 
