@@ -23,6 +23,10 @@ class MathError(ValueError):
 
 _UNKNOWN_COMMAND = re.compile(r">(\\[A-Za-z]+)<")
 
+# Characters latex2mathml emits that common fonts lack (Chromium showed a missing-glyph box):
+# \setminus becomes U+29F5 REVERSE SOLIDUS OPERATOR; U+2216 SET MINUS is in DejaVu and Liberation.
+_GLYPHS = {"<mi>&#x029F5;</mi>": "<mo>&#x02216;</mo>"}
+
 
 def tex_to_mathml(tex: str, display: bool) -> str:
     """MathML for ``tex``. latex2mathml passes a command it does not know through as an
@@ -31,6 +35,8 @@ def tex_to_mathml(tex: str, display: bool) -> str:
     unknown = _UNKNOWN_COMMAND.search(mathml)
     if unknown:
         raise ValueError(f"unknown command {unknown.group(1)}")
+    for old, new in _GLYPHS.items():
+        mathml = mathml.replace(old, new)
     return mathml
 
 
