@@ -5,7 +5,9 @@ Envs-FORGE's selection starts from each seed's verifier pass rate under the curr
 when its verifier reward is 1 (the gold standard of a terminal task: every test passed); the
 estimate is passes / rollouts. Its uncertainty is the Jeffreys interval, the quantiles of
 Beta(passes + 1/2, rollouts - passes + 1/2) (scipy.stats.beta), which stays inside [0, 1] and is
-not degenerate at 0 or K passes, unlike the normal approximation.
+not degenerate at 0 or K passes, unlike the normal approximation. One choice of ours, the usual
+convention for this interval: with no passes the lower end is 0, with every rollout passing the
+upper end is 1 (the Beta quantiles alone would exclude the observed rate).
 
 Input is any rollout log the project writes: JSON lines with ``task_id`` and ``reward`` (the
 trajectory files of :mod:`envsched_jax.envs.trajectory` have both), or (task_id, reward) pairs.
