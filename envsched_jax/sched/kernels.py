@@ -171,8 +171,9 @@ def neighbour_bandwidth(sim: jax.Array, valid: jax.Array, *, sorted_rows: bool =
     ``sorted_rows``: the rows are the state's neighbour lists, kept by :func:`_insert` in
     descending similarity with the valid entries first, so
     $\delta = \operatorname{clip}(1 - \mathrm{sim}, 0, 1)$ is ascending (both maps are monotone,
-    also in floating point) and the middle values are read at their positions. Otherwise the order statistics come from pairwise rank counting over the
-    (short) rows, which is much cheaper on CPU than XLA's batched sort."""
+    also in floating point) and the middle values are read at their positions. Otherwise the
+    order statistics come from pairwise rank counting over the (short) rows, which is much cheaper
+    on CPU than XLA's batched sort."""
     delta = jnp.where(valid, jnp.clip(1.0 - sim, 0.0, 1.0), jnp.inf)
     count = valid.sum(axis=1)
     lo = jnp.maximum((count - 1) // 2, 0)
