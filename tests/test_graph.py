@@ -178,6 +178,26 @@ def test_blocked_computation_matches_one_block(small_pool):
     np.testing.assert_array_equal(a.cross_idx, b.cross_idx)
 
 
+@pytest.mark.parametrize("hubness", ["none", "csls"])
+def test_cross_candidates_are_dense_entries_whatever_the_block(hubness):
+    # The embedded pool has 79 distinct abstract rows for 192 tasks: the blocked path (not the
+    # grouped one) ranks its cross-environment candidates. Its lists and similarities must not
+    # depend on the block size, and each similarity must be the dense S_abs entry to the last bit
+    # (a dense BLAS product per block and rounding inside the jitted ranking kernel broke both).
+    from envsched_jax.pool.embedded import load_embedded_pool
+
+    pool = load_embedded_pool()
+    graphs = [build_graph(pool, GraphConfig(block_size=b, hubness=hubness)) for b in (1, 7, 512)]
+    abstract = graphs[0].features["abstract"].toarray()
+    assert len(np.unique(abstract, axis=0)) > graphs[0].num_nodes // 8
+    for g in graphs[1:]:
+        np.testing.assert_array_equal(g.cross_idx, graphs[0].cross_idx)
+        np.testing.assert_array_equal(g.cross_sim, graphs[0].cross_sim)
+    g = graphs[-1]
+    rows, ranks = np.nonzero(g.cross_idx >= 0)
+    np.testing.assert_array_equal(g.cross_sim[rows, ranks], g.s_abs[rows, g.cross_idx[rows, ranks]])
+
+
 def test_artefact_round_trip_and_pool_check(small_pool, envscaler_pool, tmp_path):
     graph = build_graph(small_pool)
     out = save_graph(graph, tmp_path / "g")

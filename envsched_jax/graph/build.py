@@ -242,16 +242,23 @@ def stack_views(features: Sequence[sp.csr_matrix], weights: Sequence[float]) -> 
 def _gram_block(Z: sp.csr_matrix, ZT: sp.csr_matrix, rows: np.ndarray | slice) -> np.ndarray:
     """Dense ``Z[rows] Z^T`` (float32) through scikit-learn's sparse-times-sparse-to-dense kernel
     (about 3x faster than scipy's sparse product followed by ``toarray``). ``ZT`` is ``Z.T`` in
-    CSR form, converted once by the caller."""
+    CSR form, converted once by the caller.
+
+    Entry (i, j) is accumulated over row i's stored entries in their storage order, whatever other
+    rows are in ``rows``: the result of a row does not depend on the block it is computed in (the
+    blocked and dense paths agree to the last bit)."""
     return safe_sparse_dot(Z[rows], ZT, dense_output=True).astype(np.float32, copy=False)
 
 
 def _finish_block(block: np.ndarray) -> np.ndarray:
     """Clip into [0, 1] and round to 6 decimals, in place.
 
-    Rounding removes the last-bit noise that BLAS kernels of different block shapes produce, so
-    that equal similarities compare equal and rankings (ties broken by lower index) do not depend
-    on ``block_size`` or on the machine."""
+    Rounding makes similarities that differ only in their last bits (two tasks with the same
+    description reached through differently ordered sums) compare equal, so that ties are broken
+    by lower index. It cannot remove last-bit noise, only make it rare: a value within noise of a
+    rounding boundary still lands on either side. Block-size independence therefore comes from the
+    kernel: every similarity of the graph's blocked paths is computed by :func:`_gram_block`, which
+    computes each entry from its own row in a fixed order."""
     np.clip(block, 0.0, 1.0, out=block)
     np.round(block, 6, out=block)
     return block
@@ -295,10 +302,12 @@ def _top_m(sims: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.partial(jax.jit, static_argnames=("m",))
 def _rank_cross_block(sims: jax.Array, row_env: jax.Array, col_env: jax.Array, m: int):
-    """Top-m other-environment columns of each row of a similarity block: clip to [0, 1], round to
-    6 decimals (as :func:`_finish_block`), drop same-environment columns, then ``lax.top_k``,
-    which breaks ties by lower index. Jitted: the elementwise work fuses into one pass."""
-    sims = jnp.round(jnp.clip(sims, 0.0, 1.0) * 1e6) / 1e6
+    """Top-m other-environment columns of each row of a finished similarity block
+    (:func:`_finish_block`): drop same-environment columns, then ``lax.top_k``, which breaks ties
+    by lower index. The block is finished by NumPy, not here: XLA compiles ``jnp.round(x * 1e6) /
+    1e6`` with a multiplication by the reciprocal, which differs from ``np.round(x, 6)`` in the
+    last bit for about 2% of float32 similarities (:mod:`envsched_jax.graph.feature_rows`, point
+    4), and the candidates' similarities are to be the dense matrix's entries exactly."""
     sims = jnp.where(row_env[:, None] == col_env[None, :], -jnp.inf, sims)
     vals, idx = jax.lax.top_k(sims, m)
     absent = ~jnp.isfinite(vals)
@@ -430,25 +439,32 @@ def _cross_candidates_grouped(uniq: np.ndarray, inverse: np.ndarray, env_index: 
 
 def _cross_candidates_blocked(abstract: sp.csr_matrix, env_index: np.ndarray, m: int, block_size: int,
                               progress: bool, radius: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Top-m other-environment neighbours in row blocks: one BLAS (or sparse) product per block and
-    a jitted ranking kernel (the last block is padded so it compiles once). With ``radius`` the
-    block is finished and CSLS-corrected first (:func:`csls_correct`)."""
+    """Top-m other-environment neighbours in row blocks: one sparse product per block
+    (:func:`_gram_block`), finished as :func:`_dense_similarity` finishes it and, with ``radius``,
+    CSLS-corrected (:func:`csls_correct`), then a jitted ranking kernel (the last block is padded
+    so it compiles once).
+
+    The sparse kernel computes every entry from its own row alone, so the lists do not depend on
+    ``block_size`` and their similarities are the dense matrix's entries to the last bit. A dense float32 BLAS product per block was used here until 2026-12-06: it is
+    7x faster on dense-ish abstract rows (10,000 generated tasks, 27 of 129 columns set: 0.16 s
+    against 1.11 s) and 16x slower on sparse ones (20,000 random rows, 30 of 2,000 set: 8.7 s
+    against 0.53 s), but its last bit depends on the block's shape and the machine's BLAS kernel,
+    and after rounding to 6 decimals that moved 31 of 3,072 CSLS-corrected candidate values by
+    1e-6 between block sizes 50 and 512 on one CI machine."""
     n = abstract.shape[0]
     idx = np.empty((n, m), np.int32)
     val = np.empty((n, m), np.float32)
-    # With the CSLS correction the rows come from the sparse kernel that _dense_similarity uses,
-    # so that the candidates equal the top of the dense corrected matrix to the last bit.
-    dense = abstract.toarray() if radius is None and abstract.shape[1] * n * 4 <= 2**30 else None
-    abstract_t = abstract.T.tocsr() if dense is None else None
+    # The rows come from the sparse kernel that _dense_similarity uses (see _gram_block), so the
+    # candidates are the top of the dense matrix to the last bit, whatever the block size.
+    abstract_t = abstract.T.tocsr()
     col_env = jnp.asarray(env_index)
     k = min(m, n)
     starts = range(0, n, block_size)
     for start in _progress(starts, "cross-environment candidates", len(starts), progress):
         rows = np.arange(start, start + block_size) % n  # the last block wraps round (padding)
-        sims = dense[rows] @ dense.T if dense is not None else _gram_block(abstract, abstract_t, rows)
+        sims = _finish_block(_gram_block(abstract, abstract_t, rows))
+        sims[np.arange(len(rows)), rows] = 1.0  # as _dense_similarity (same environment: dropped)
         if radius is not None:
-            sims = _finish_block(sims)
-            sims[np.arange(len(rows)), rows] = 1.0
             sims = csls_correct(sims, rows, radius)
         b_idx, b_val = _rank_cross_block(sims, jnp.asarray(env_index[rows]), col_env, k)
         stop = min(start + block_size, n)
