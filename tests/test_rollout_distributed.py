@@ -224,12 +224,12 @@ def test_a_killed_generation_actor_gives_named_errors_and_is_replaced(cluster, t
     assert all(e.reward == 1.0 for e in episodes if e not in failed)
 
 
-def _wait_until_dead(actor, timeout: float) -> bool:
-    """True once calling ``actor`` fails because it died (within ``timeout`` seconds)."""
+def _wait_until_dead(actor, timeout: float, method: str = "info") -> bool:
+    """True once calling ``actor.method`` fails because it died (within ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.info.remote(), timeout=5)
+            ray.get(getattr(actor, method).remote(), timeout=5)
         except ray.exceptions.RayActorError:
             return True
         except ray.exceptions.GetTimeoutError:
@@ -302,9 +302,13 @@ def test_update_weights_reaches_every_actor_shared_and_through_the_object_store(
             [[False, False]] * 2
         # a replacement actor starts with the latest weights
         ray.kill(backend.actors[1])
+        # ray.kill is asynchronous: wait until actor 1 is gone, or request b could still be
+        # served by it and nothing would notice the death (CI saw num_replaced stay 0).
+        assert _wait_until_dead(backend.actors[1], 30)
         ids = tuple(tokenizer("hi")["input_ids"])
         backend.submit(GenerationRequest(ids, request_id="a#0/turn0"))
-        backend.submit(GenerationRequest(ids, request_id="b#0/turn0")).result(timeout=30)
+        b = backend.submit(GenerationRequest(ids, request_id="b#0/turn0")).result(timeout=30)
+        assert b.finish_reason == "error" and "Ray generation actor 1" in b.error, b
         assert wait_until(lambda: backend.num_replaced == 1, 60)
         assert all(v == digests(folder) for _, v in backend.call_actors(remote_view))
         # a folder every node reads (this machine's filesystem stands in for a shared one)
@@ -373,6 +377,7 @@ def test_a_hung_or_dead_sandbox_actor_is_cut_off_and_replaced(cluster, tokenizer
         workers.give_back(worker, healthy=False)
         worker = workers.lease()
         ray.kill(worker.actor)
+        assert _wait_until_dead(worker.actor, 30, "hello")  # ray.kill is asynchronous
         with pytest.raises(SandboxError, match="Ray sandbox actor .* died") as dead:
             worker.request({"op": "hello"}, 2.0)
         assert (dead.value.kind, dead.value.retire) == ("crashed", True)
@@ -385,6 +390,7 @@ def test_a_hung_or_dead_sandbox_actor_is_cut_off_and_replaced(cluster, tokenizer
         def respond(prompt, request):
             if request.request_id.endswith("#0/turn1"):
                 ray.kill(backend._workers[0].actor)
+                assert _wait_until_dead(backend._workers[0].actor, 30, "hello")
             return reference(prompt, request)
 
         agent = AgentRunner(ScriptedBackend(tokenizer, respond), tokenizer, workers, embedded)
