@@ -445,12 +445,13 @@ def _cross_candidates_blocked(abstract: sp.csr_matrix, env_index: np.ndarray, m:
     so it compiles once).
 
     The sparse kernel computes every entry from its own row alone, so the lists do not depend on
-    ``block_size`` and their similarities are the dense matrix's entries to the last bit. A dense float32 BLAS product per block was used here until 2026-12-06: it is
-    7x faster on dense-ish abstract rows (10,000 generated tasks, 27 of 129 columns set: 0.16 s
-    against 1.11 s) and 16x slower on sparse ones (20,000 random rows, 30 of 2,000 set: 8.7 s
-    against 0.53 s), but its last bit depends on the block's shape and the machine's BLAS kernel,
-    and after rounding to 6 decimals that moved 31 of 3,072 CSLS-corrected candidate values by
-    1e-6 between block sizes 50 and 512 on one CI machine."""
+    ``block_size`` and their similarities are the dense matrix's entries to the last bit. A dense
+    float32 BLAS product per block was used here until 2026-12-06: it is 7x faster on dense-ish
+    abstract rows (10,000 generated tasks, 27 of 129 columns set: 0.16 s against 1.11 s) and 16x
+    slower on sparse ones (20,000 random rows, 30 of 2,000 set: 8.7 s against 0.53 s), but its
+    last bit depends on the block's shape and the machine's BLAS kernel, and after rounding to 6
+    decimals that moved 31 of 3,072 CSLS-corrected candidate values by 1e-6 between block sizes
+    50 and 512 on one CI machine."""
     n = abstract.shape[0]
     idx = np.empty((n, m), np.int32)
     val = np.empty((n, m), np.float32)
