@@ -58,8 +58,8 @@ demo: $(STAMP)
 # those tests pass in a fresh process. Seen: a segfault in libgcc_s's unwinder after about 600
 # tests in one process (2 of 2 full local runs, 2026-12-04), then, with the suite in two halves,
 # "Fatal Python error: Aborted" inside an XLA compilation after about 470 tests in one worker
-# (CI, 2026-12-06). The parts keep each worker near 250 tests or fewer (1,515 fast tests on
-# 2026-12-06: 344 / 400 / 260 / 511 over two workers). Every part always runs; any failing fails
+# (CI, 2026-12-06). The parts keep each worker near 250 tests or fewer (1,517 fast tests in CI
+# on 2026-12-06: 344 / 400 / 260 / 513 over two workers). Every part always runs; any failing fails
 # the target. tests/test_makefile.py checks that the parts cover every test file exactly once.
 # --max-worker-restart 0: pytest-xdist 3.8.0 (the newest release) hangs under --dist loadgroup
 # once it has replaced a crashed worker (pytest-xdist issues 1323, 1327, 1378; CI hung for 20 min
